@@ -1,0 +1,47 @@
+# Quickstart: `make demo` (install, pull the default model pair, run the quick benchmark) and
+# `make test` (install, run the test suite). Both create .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.specwise-installed
+LLAMA_CPP_VERSION := 0.3.36
+
+# llama.cpp builds natively. On x86-64 its AMX kernels are left out: on some machines that
+# report AMX they die with SIGILL at `tilezero` on the first multi-token forward. The flags are
+# accepted by every x86-64 gcc/clang; other architectures build as they are.
+ifeq ($(shell uname -m),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+else
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
+endif
+
+.PHONY: install test demo lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch==2.13.0 first, so pip takes the local CPU wheel instead of a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile | $(PY)
+	$(PIP) install --quiet torch==2.13.0
+	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (first time: ~6 minutes on 2 cores)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(PIP) install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/specwise models pull qwen-coder
+	$(VENV)/bin/specwise bench --quick
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

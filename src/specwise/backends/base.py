@@ -1,0 +1,115 @@
+"""The LM and Tokenizer protocols every backend implements, and the draft/target vocabulary check.
+
+An LM is a model plus its KV cache for several sequences at once. Its cache invariant: after
+`forward(seq, tokens)` the cache of `seq` holds every token fed so far; `truncate(seq, n)` keeps
+the first n (rollback is setting a length). This module holds no model code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["LM", "BackendInfo", "Tokenizer", "check_same_vocab"]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    backend: str  # "torch" or "llama_cpp"
+    model: str  # where the weights came from (path, catalog name or "in-memory")
+    threads: int | None
+    fingerprint: str  # identifies the weights; keys cached measurements
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    eos_token_ids: frozenset[int]
+    n_tokens: int  # real tokens (ids >= n_tokens, if any, are unused padding of the logits)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...  # special tokens are left out
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+    def token_text(self, token_id: int) -> str: ...  # the vocabulary entry, for comparisons
+
+
+@runtime_checkable
+class LM(Protocol):
+    vocab_size: int  # width of a logits row
+    context_length: int  # tokens one sequence's cache can hold
+    eos_token_ids: frozenset[int]
+    tokenizer: Tokenizer | None
+    info: BackendInfo
+
+    def forward(
+        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+    ) -> list[np.ndarray]:
+        """One call, many sequences: append each (seq, tokens) to seq's cache and return its
+        logits [len(tokens), V] float32, or [1, V] (the last position) with last_only."""
+        ...
+
+    def length(self, seq: int) -> int: ...
+    def truncate(self, seq: int, n: int) -> None: ...
+    def release(self, seq: int) -> None: ...
+
+
+def vocab_digest(tok: Tokenizer) -> str:
+    """A hash of every vocabulary entry, in id order."""
+    h = hashlib.sha256()
+    for i in range(tok.n_tokens):
+        h.update(tok.token_text(i).encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def check_same_vocab(target: LM, draft: LM) -> str | None:
+    """Raise ValueError unless draft and target share one tokenizer; return a note when they
+    differ only in unused padding ids at the end of the logits (allowed), else None."""
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
+    t_n = t_tok.n_tokens if t_tok else target.vocab_size
+    d_n = d_tok.n_tokens if d_tok else draft.vocab_size
+    if t_n != d_n:
+        raise ValueError(
+            f"the draft model's vocabulary ({d_n} tokens, logits width {draft.vocab_size}) differs "
+            f"from the target's ({t_n} tokens, logits width {target.vocab_size}); a draft model "
+            f"must use the target's tokenizer (for n-gram drafting use --drafter ngram)"
+        )
+    if t_tok is not None and d_tok is not None and vocab_digest(t_tok) != vocab_digest(d_tok):
+        first = next(i for i in range(t_n) if t_tok.token_text(i) != d_tok.token_text(i))
+        raise ValueError(
+            f"the draft and target tokenizers differ (token id {first} is "
+            f"{d_tok.token_text(first)!r} in the draft, {t_tok.token_text(first)!r} in the target); "
+            f"a draft model must use the target's tokenizer"
+        )
+    if draft.vocab_size != target.vocab_size:
+        return (
+            f"vocab sizes differ only in unused padding ids (target logits {target.vocab_size}, "
+            f"draft logits {draft.vocab_size}, {t_n} real tokens in both): allowed"
+        )
+    return None
+
+
+def fit_width(logits: np.ndarray, width: int) -> np.ndarray:
+    """[..., V'] -> [..., width]: drop padding columns, or pad with -inf (never drawn)."""
+    v = logits.shape[-1]
+    if v == width:
+        return logits
+    if v > width:
+        return logits[..., :width]
+    pad = np.full((*logits.shape[:-1], width - v), -np.inf, dtype=logits.dtype)
+    return np.concatenate([logits, pad], axis=-1)
+
+
+def eos_ids(*sources: Any) -> frozenset[int]:
+    """Collect EOS ids from ints, lists of ints and Nones."""
+    out: set[int] = set()
+    for s in sources:
+        if s is None:
+            continue
+        if isinstance(s, int | np.integer):
+            out.add(int(s))
+        else:
+            out.update(int(x) for x in s if x is not None)
+    return frozenset(out)

@@ -1,0 +1,189 @@
+"""`TorchLM`: the LM protocol over any Hugging Face transformers causal LM.
+
+Builds from an in-memory model, a local Hugging Face folder, or a GGUF file (transformers
+dequantizes GGUF to float32). Each sequence has its own `DynamicCache`; `truncate` crops it.
+`forward` runs the sequences of a batch one after another (no padding), which is exact and
+simple; the batched fast path is the llama.cpp backend. This module does no sampling and no
+downloading: a hub id is not accepted, only local files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specwise.backends.base import BackendInfo, eos_ids
+
+__all__ = ["HFTokenizer", "TorchLM"]
+
+
+class HFTokenizer:
+    """The Tokenizer protocol over a transformers tokenizer."""
+
+    def __init__(self, tok: Any, extra_eos: frozenset[int] = frozenset()) -> None:
+        self._tok = tok
+        self.eos_token_ids = eos_ids(tok.eos_token_id) | extra_eos
+        self.n_tokens = len(tok)
+        self._id_to_text: list[str] | None = None
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self._tok(text, add_special_tokens=add_special)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        if not getattr(self._tok, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; drop --chat")
+        text = self._tok.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=False
+        )
+        return self.encode(text, add_special=False)
+
+    def token_text(self, token_id: int) -> str:
+        if self._id_to_text is None:
+            table = [""] * self.n_tokens
+            for text, i in self._tok.get_vocab().items():
+                if 0 <= i < self.n_tokens:
+                    table[i] = text
+            self._id_to_text = table
+        return self._id_to_text[token_id]
+
+
+def _load(path: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model path {str(path)!r} does not exist; give a local Hugging Face folder "
+            f"or a .gguf file"
+        )
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(
+                f"model file {str(path)!r} is not a .gguf file; give a .gguf file or a "
+                f"Hugging Face folder"
+            )
+        kw = {"gguf_file": path.name}
+        folder = str(path.parent)
+    else:
+        if not (path / "config.json").exists():
+            raise ValueError(
+                f"folder {str(path)!r} has no config.json; it is not a Hugging Face model folder"
+            )
+        kw = {}
+        folder = str(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **kw)
+    except (OSError, ValueError):
+        tok = None
+    return model, tok
+
+
+class TorchLM:
+    """TorchLM(model_or_path, tokenizer=None): a transformers causal LM with per-sequence caches."""
+
+    def __init__(
+        self,
+        model_or_path: Any,
+        tokenizer: Any = None,
+        *,
+        context_length: int | None = None,
+    ) -> None:
+        if isinstance(model_or_path, str | os.PathLike):
+            path = Path(model_or_path)
+            model, loaded_tok = _load(path)
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+            source = str(path)
+            fingerprint = _file_fingerprint(path)
+        else:
+            model, source = model_or_path, "in-memory"
+            fingerprint = f"in-memory-{id(model):x}"
+        self.model = model.eval()
+        cfg = model.config
+        out = model.get_output_embeddings()
+        self.vocab_size = int(out.weight.shape[0]) if out is not None else int(cfg.vocab_size)
+        max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        self.context_length = int(context_length or max_pos or 2048)
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        model_eos = eos_ids(cfg.eos_token_id, gen_eos)
+        if tokenizer is not None and not isinstance(tokenizer, HFTokenizer):
+            tokenizer = HFTokenizer(tokenizer, model_eos)
+        self.tokenizer: HFTokenizer | None = tokenizer
+        self.eos_token_ids = model_eos | (tokenizer.eos_token_ids if tokenizer else frozenset())
+        self.info = BackendInfo("torch", source, torch.get_num_threads(), fingerprint)
+        self._caches: dict[int, Any] = {}
+        self._lengths: dict[int, int] = {}
+        # transformers >= 5.24 calls the cache argument `cache`; older versions `past_key_values`
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    # -- LM protocol -------------------------------------------------------------------------
+    def forward(
+        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+    ) -> list[np.ndarray]:
+        from transformers import DynamicCache
+
+        out = []
+        with torch.inference_mode():
+            for seq, tokens in batch:
+                n = len(tokens)
+                if n == 0:
+                    raise ValueError(f"forward got no tokens for sequence {seq}")
+                have = self._lengths.get(seq, 0)
+                if have + n > self.context_length:
+                    raise ValueError(
+                        f"sequence {seq} would hold {have + n} tokens; the context holds "
+                        f"{self.context_length}"
+                    )
+                cache = self._caches.get(seq)
+                if cache is None:
+                    cache = self._caches[seq] = DynamicCache(config=self.model.config)
+                ids = torch.tensor([list(tokens)], dtype=torch.long)
+                res = self.model(
+                    input_ids=ids,
+                    use_cache=True,
+                    logits_to_keep=1 if last_only else 0,
+                    **{self._cache_kw: cache},  # the cache is updated in place
+                )
+                self._lengths[seq] = have + n
+                logits = res.logits[0].float().numpy()  # [n or 1, V]
+                out.append(np.ascontiguousarray(logits, dtype=np.float32))
+        return out
+
+    def length(self, seq: int) -> int:
+        return self._lengths.get(seq, 0)
+
+    def truncate(self, seq: int, n: int) -> None:
+        have = self._lengths.get(seq, 0)
+        if not 0 <= n <= have:
+            raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
+        if n == have:
+            return
+        if n == 0:
+            self.release(seq)
+            return
+        self._caches[seq].crop(-(have - n))
+        self._lengths[seq] = n
+
+    def release(self, seq: int) -> None:
+        self._caches.pop(seq, None)
+        self._lengths.pop(seq, None)
+
+
+def _file_fingerprint(path: Path) -> str:
+    """Cheap identity of model files: names, sizes and modification times."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]

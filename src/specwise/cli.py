@@ -1,0 +1,193 @@
+"""The `specwise` command: parses arguments, builds configs, calls the library, prints results.
+
+Thin by design: no decoding, measuring or model logic lives here. Bad input ends with one
+sentence on stderr (exit status 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from specwise.sampling import SamplingParams
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed as one sentence."""
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _params(a: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=a.temperature,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        min_p=a.min_p,
+        seed=a.seed,
+        max_tokens=a.max_tokens,
+        stop=tuple(a.stop),
+    )
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model: .gguf file or Hugging Face folder")
+    p.add_argument("--draft", help="draft model with the target's tokenizer")
+    p.add_argument("--drafter", choices=["model", "ngram"], help="default: model if --draft")
+    p.add_argument("--backend", choices=["torch", "llama_cpp"], help="default: by model kind")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: cores)")
+
+
+def _k(value: str) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k {value!r} is not an integer >= 0") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"--k {k} is invalid; use an integer >= 0 (0: plain)")
+    return k
+
+
+def _build_engine(a: argparse.Namespace, trace=None):
+    from specwise.backends import load
+    from specwise.drafters import ModelDrafter, NgramDrafter
+    from specwise.engine import Engine
+
+    if not a.target:
+        raise UsageError("--target is required (a .gguf file or a Hugging Face folder)")
+    drafter_kind = a.drafter or ("model" if a.draft else None)
+    if drafter_kind == "model" and not a.draft:
+        raise UsageError("--drafter model needs --draft PATH (a draft model)")
+    if a.draft and drafter_kind == "ngram":
+        raise UsageError("--draft and --drafter ngram exclude each other; pick one drafter")
+    target = load(a.target, backend=a.backend, threads=a.threads)
+    drafter = None
+    if drafter_kind == "model":
+        drafter = ModelDrafter(load(a.draft, backend=a.backend, threads=a.threads))
+    elif drafter_kind == "ngram":
+        drafter = NgramDrafter()
+    return Engine(target, drafter, k=a.k, trace=trace)
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def describe(result, engine) -> list[str]:
+    """The human summary of one generation; every acceptance figure says what it is."""
+    s = result.summary
+    dname = engine.drafter.name if engine.drafter is not None and engine.k > 0 else "none (plain)"
+    spent = s.draft_ms + s.verify_ms + s.overhead_ms
+    share = (lambda v: f"{100 * v / spent:.0f}%") if spent else (lambda v: "n/a")
+    lines = [
+        f"target {engine.target.info.model} ({engine.target.info.backend}) · drafter {dname} · "
+        f"k={engine.k} · finish: {result.finish_reason}",
+        f"emitted {s.emitted} tokens in {s.rounds} rounds · proposed {s.proposed} · "
+        f"accepted {s.accepted}",
+        f"acceptance rate (Σ accepted / Σ proposed, k={engine.k}): {_fmt(s.acceptance_rate)}",
+        f"mean accepted length τ (Σ emitted / rounds, plain = 1): {_fmt(s.mean_accepted_length)}",
+        "α per position (conditional): "
+        + (" ".join(_fmt(a, ".2f") for a in s.alpha_per_position) or "n/a"),
+        "acceptance per position (unconditional): "
+        + (" ".join(_fmt(a, ".2f") for a in s.acceptance_per_position) or "n/a"),
+        f"TTFT {_fmt(s.ttft_ms, '.0f')} ms · continuation {_fmt(s.continuation_tokens_per_s, '.1f')}"
+        f" tokens/s · total {s.total_ms:.0f} ms · goodput {_fmt(s.goodput_tokens_per_ms, '.4f')}"
+        f" tokens/ms",
+        f"time in rounds: draft {share(s.draft_ms)} · verify {share(s.verify_ms)} · overhead "
+        f"{share(s.overhead_ms)} · prefill {s.prefill_ms:.0f} ms · peak RSS {s.peak_rss_mb:.0f} MB",
+    ]
+    note = getattr(engine.drafter, "note", None)
+    if note:
+        lines.append(f"note: {note}")
+    return lines
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from specwise.trace import JsonlSink
+
+    params = _params(a)
+    prompt_text = sys.stdin.read() if a.prompt == "-" else a.prompt
+    if not prompt_text:
+        raise UsageError("the prompt is empty; give the prompt text (or - to read stdin)")
+    sink = JsonlSink(a.trace) if a.trace else None
+    try:
+        engine = _build_engine(a, trace=sink)
+        tok = engine.target.tokenizer
+        if tok is None:
+            raise UsageError(f"the target {a.target!r} has no tokenizer; text prompts need one")
+        if a.chat:
+            ids = tok.render_chat([{"role": "user", "content": prompt_text}])
+        else:
+            ids = tok.encode(prompt_text)
+        req = engine.start(ids, params)
+        try:
+            while not req.done:
+                engine.step([req])
+                if not a.json and req.detok is not None:
+                    print(req.detok.take(), end="", flush=True)
+        finally:
+            result = engine.finish(req)
+    finally:
+        if sink is not None:
+            sink.close()
+    if a.json:
+        out = {
+            "text": result.text,
+            "tokens": result.tokens,
+            "finish_reason": result.finish_reason,
+            "summary": result.summary.to_dict(),
+        }
+        print(json.dumps(out))
+    else:
+        print(req.detok.take(final=True) if req.detok is not None else "")
+        print("---")
+        print("\n".join(describe(result, engine)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specwise", description="Exact, measured speculative decoding for local LLMs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt and summarise the rounds")
+    _model_args(g)
+    g.add_argument("--k", type=_k, default=4, help="draft tokens per round (0: plain decoding)")
+    _sampling_args(g)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--trace", help="append every round as JSON lines to this file")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead")
+    g.add_argument("prompt", help="prompt text, or - to read stdin")
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return a.func(a)
+    except (UsageError, ValueError, OSError) as exc:
+        print(f"specwise: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specwise: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Slow, obviously correct reference code that the tests hold the fast paths against.
+
+`plain_decode` is autoregressive decoding with no engine, no drafter and no rollback: one token
+in, one token out, drawing from the request's sampler exactly as plain decoding must. It is not
+used to serve requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specwise.backends.base import LM
+from specwise.sampling import Sampler, SamplingParams, warp
+
+__all__ = ["plain_decode"]
+
+_ORACLE_SEQ = -1  # a sequence id the engine never uses
+
+
+def plain_decode(target: LM, prompt: Sequence[int], params: SamplingParams) -> list[int]:
+    """Emitted ids (prompt excluded) until EOS or max_tokens; stop strings are not checked."""
+    sampler = Sampler(params.seed)
+    out: list[int] = []
+    feed = list(prompt)
+    try:
+        while len(out) < params.max_tokens:
+            row = target.forward([(_ORACLE_SEQ, feed)], last_only=True)[0][-1]  # [V]
+            t = int(np.argmax(row)) if params.greedy else sampler.categorical(warp(row, params))
+            out.append(t)
+            if t in target.eos_token_ids:
+                break
+            feed = [t]
+    finally:
+        target.release(_ORACLE_SEQ)
+    return out

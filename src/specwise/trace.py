@@ -1,0 +1,209 @@
+"""Round and request records, the metric definitions, and a JSONL sink.
+
+The engine counts at the source (one `RoundTrace` per request per round); this module turns
+those records into figures; bench, server and CLI only display them. Definitions (DESIGN.md §4):
+
+- proposed: draft tokens scored in a round (k); accepted: the kept prefix of the draft;
+- emitted: accepted + 1 per round, fewer only when EOS / a stop string / max_tokens cut a round;
+- acceptance rate = Σ accepted / Σ proposed (prefix-accepted; compare only at equal k);
+- mean accepted length τ = Σ emitted / rounds (includes the recovered/bonus token; plain = 1.0);
+- α_i (alpha_per_position[i]) = conditional acceptance at draft position i: among rounds that
+  proposed position i and accepted every position before it, the share that accepted i;
+- acceptance_per_position[i] = unconditional: among rounds that proposed anything, the share
+  that accepted position i (non-increasing in i by construction);
+- goodput = emitted tokens per millisecond of the rounds' wall time (draft + verify + overhead);
+- TTFT = request arrival to the end of the first round that emitted a token (prefills included);
+- continuation speed = (emitted − 1) / (time of the last token − time of the first token).
+
+This module does not time anything itself and never touches models.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "JsonlSink",
+    "RequestSummary",
+    "RoundTrace",
+    "acceptance_per_position",
+    "alpha_per_position",
+    "peak_rss_mb",
+    "summarize",
+]
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """One round of one request."""
+
+    request_id: str
+    round: int  # 0-based index within the request
+    drafter: str | None  # None: plain decoding (k = 0)
+    proposed: int
+    accepted: int
+    rejection_position: int | None  # first rejected draft index; None when all were accepted
+    bonus: bool  # the rule's last token: True bonus, False recovered
+    emitted: int  # tokens this round added to the output (after EOS / stop / max_tokens cuts)
+    draft_ms: float
+    verify_ms: float  # the target forward (shared by the whole batch)
+    overhead_ms: float  # warping, the acceptance rule, rollback and bookkeeping
+    batch_size: int
+    t_ms: float  # end of the round, ms since the request arrived
+    # Controller (None when k was fixed): its choice and why.
+    k_max: int | None = None  # the proposal length the controller allowed
+    expected_goodput: float | None = None  # predicted tokens/ms of the chosen configuration
+    plain_goodput: float | None = None  # predicted tokens/ms of plain decoding
+
+    @property
+    def round_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.overhead_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def alpha_per_position(rounds: Iterable[RoundTrace]) -> list[float | None]:
+    """Conditional acceptance α_i for i = 0 .. max proposed − 1 (None where never reached)."""
+    rounds = list(rounds)
+    depth = max((r.proposed for r in rounds), default=0)
+    out: list[float | None] = []
+    for i in range(depth):
+        reached = [r for r in rounds if r.proposed > i and r.accepted >= i]
+        out.append(sum(r.accepted > i for r in reached) / len(reached) if reached else None)
+    return out
+
+
+def acceptance_per_position(rounds: Iterable[RoundTrace]) -> list[float]:
+    """Unconditional acceptance at each draft position over rounds that proposed anything."""
+    spec = [r for r in rounds if r.proposed > 0]
+    depth = max((r.proposed for r in spec), default=0)
+    return [sum(r.accepted > i for r in spec) / len(spec) for i in range(depth)]
+
+
+def rejection_histogram(rounds: Iterable[RoundTrace]) -> dict[str, int]:
+    """How often each draft position was the first rejected one ('none': all accepted)."""
+    hist: dict[str, int] = {}
+    for r in rounds:
+        if r.proposed == 0:
+            continue
+        key = "none" if r.rejection_position is None else str(r.rejection_position)
+        hist[key] = hist.get(key, 0) + 1
+    return hist
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+@dataclass(frozen=True)
+class RequestSummary:
+    """The figures of one request (or of several requests' rounds pooled together)."""
+
+    ttft_ms: float | None
+    continuation_tokens_per_s: float | None
+    total_ms: float
+    prefill_ms: float
+    emitted: int
+    rounds: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float | None
+    mean_accepted_length: float | None  # τ
+    alpha_per_position: list[float | None]
+    acceptance_per_position: list[float]
+    rejection_positions: dict[str, int]
+    goodput_tokens_per_ms: float | None
+    draft_ms: float
+    verify_ms: float
+    overhead_ms: float
+    peak_rss_mb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def summarize(
+    rounds: Sequence[RoundTrace],
+    total_ms: float,
+    prefill_ms: float = 0.0,
+    peak_rss: float | None = None,
+) -> RequestSummary:
+    """The figures of one request from its rounds (definitions in the module docstring)."""
+    emitted = sum(r.emitted for r in rounds)
+    proposed = sum(r.proposed for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    draft_ms = sum(r.draft_ms for r in rounds)
+    verify_ms = sum(r.verify_ms for r in rounds)
+    overhead_ms = sum(r.overhead_ms for r in rounds)
+    emitting = [r for r in rounds if r.emitted > 0]
+    ttft = emitting[0].t_ms if emitting else None
+    continuation = None
+    if emitting and emitted > 1 and emitting[-1].t_ms > emitting[0].t_ms:
+        continuation = (emitted - 1) / ((emitting[-1].t_ms - emitting[0].t_ms) / 1000.0)
+    return RequestSummary(
+        ttft_ms=ttft,
+        continuation_tokens_per_s=continuation,
+        total_ms=total_ms,
+        prefill_ms=prefill_ms,
+        emitted=emitted,
+        rounds=len(rounds),
+        proposed=proposed,
+        accepted=accepted,
+        acceptance_rate=_ratio(accepted, proposed),
+        mean_accepted_length=_ratio(emitted, len(rounds)),
+        alpha_per_position=alpha_per_position(rounds),
+        acceptance_per_position=acceptance_per_position(rounds),
+        rejection_positions=rejection_histogram(rounds),
+        goodput_tokens_per_ms=_ratio(emitted, draft_ms + verify_ms + overhead_ms),
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        overhead_ms=overhead_ms,
+        peak_rss_mb=peak_rss_mb() if peak_rss is None else peak_rss,
+    )
+
+
+class JsonlSink:
+    """Appends one JSON object per line to a file (or an open text stream)."""
+
+    def __init__(self, target: str | Path | IO[str]) -> None:
+        if isinstance(target, str | Path):
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh: IO[str] = path.open("a", encoding="utf-8")
+            self._owned = True
+        else:
+            self._fh = target
+            self._owned = False
+
+    def write(self, record: dict[str, Any] | RoundTrace) -> None:
+        if isinstance(record, RoundTrace):
+            record = record.to_dict()
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self._fh.close()
+
+    def __enter__(self) -> JsonlSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

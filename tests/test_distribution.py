@@ -1,0 +1,129 @@
+"""End to end: the joint distribution of the first emitted tokens over thousands of seeded runs
+matches the target's exact distribution (chi-square at a fixed seed), and the same test catches
+a deliberately broken acceptance rule."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+import specwise.engine
+from specwise import Engine, SamplingParams
+from specwise.backends.torch_hf import TorchLM
+from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.sampling import warp
+from specwise.verify import Verdict
+from toy import ToyLM, tiny_llama
+
+N_TOKENS = 2
+
+
+def exact_joint(lm, prompt, params):
+    """P(first two tokens) enumerated from the target alone."""
+
+    def next_probs(ctx):
+        seq = 10_000_000 + len(ctx)
+        try:
+            row = lm.forward([(seq, ctx)], last_only=True)[0][-1]
+        finally:
+            lm.release(seq)
+        return warp(row, params)
+
+    p1 = next_probs(list(prompt))
+    joint = {}
+    for a in np.flatnonzero(p1 > 0):
+        p2 = next_probs([*prompt, int(a)])
+        for b in np.flatnonzero(p2 > 0):
+            joint[(int(a), int(b))] = p1[a] * p2[b]
+    return joint
+
+
+def sampled_counts(engine, prompt, params, n):
+    counts = {}
+    for seed in range(n):
+        res = engine.generate(prompt, replace(params, seed=seed, max_tokens=N_TOKENS))
+        key = tuple(res.tokens[:N_TOKENS])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def chi2_pvalue(counts, joint, n):
+    cells = sorted(joint, key=lambda c: -joint[c])
+    big = [c for c in cells if joint[c] * n >= 5]
+    small = [c for c in cells if joint[c] * n < 5]
+    obs = [counts.get(c, 0) for c in big]
+    exp = [joint[c] * n for c in big]
+    if small:
+        obs.append(sum(counts.get(c, 0) for c in small))
+        exp.append(sum(joint[c] for c in small) * n)
+    outside = sum(v for c, v in counts.items() if c not in joint)
+    assert outside == 0, f"{outside} samples outside the target's support"
+    exp = np.array(exp) * (sum(obs) / sum(exp))
+    return chisquare(obs, exp).pvalue
+
+
+PARAMS = {
+    "T=1": SamplingParams(temperature=1.0),
+    "T=0.7,top_k=5": SamplingParams(temperature=0.7, top_k=5),
+    "top_p=0.8": SamplingParams(temperature=1.0, top_p=0.8),
+    "T=1.5,min_p=0.1": SamplingParams(temperature=1.5, min_p=0.1),
+}
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_model_drafter_distribution(name):
+    target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
+    engine = Engine(target, ModelDrafter(draft), k=3)
+    params = PARAMS[name]
+    n = 4000
+    p = chi2_pvalue(
+        sampled_counts(engine, PROMPT, params, n), exact_joint(target, PROMPT, params), n
+    )
+    assert p > 1e-3, p
+
+
+def test_ngram_point_mass_distribution():
+    target = ToyLM(vocab=12, seed=4)
+    params = SamplingParams(temperature=0.8)
+    prompt = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]  # repeats, so n-gram drafts are proposed
+    engine = Engine(target, NgramDrafter(), k=3)
+    n = 4000
+    counts = sampled_counts(engine, prompt, params, n)
+    assert chi2_pvalue(counts, exact_joint(target, prompt, params), n) > 1e-3
+
+
+def test_torch_models_distribution():
+    target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=3.0))
+    draft = TorchLM(tiny_llama(vocab=16, seed=5, sharpen=3.0))
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    engine = Engine(target, ModelDrafter(draft), k=2)
+    n = 1500
+    counts = sampled_counts(engine, PROMPT, params, n)
+    assert chi2_pvalue(counts, exact_joint(target, PROMPT, params), n) > 1e-3
+
+
+def test_the_same_check_detects_a_broken_rule(monkeypatch):
+    def accept_all(draft, q, p, sampler):
+        return Verdict(len(draft), [*draft, sampler.categorical(p[len(draft)])], bonus=True)
+
+    monkeypatch.setattr(specwise.engine, "rejection_sample", accept_all)
+    target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
+    engine = Engine(target, ModelDrafter(draft), k=3)
+    params = PARAMS["T=1"]
+    n = 4000
+    p = chi2_pvalue(
+        sampled_counts(engine, PROMPT, params, n), exact_joint(target, PROMPT, params), n
+    )
+    assert p < 1e-6, p
+
+
+def test_cells_cover_the_joint():
+    target = ToyLM(vocab=12, seed=1)
+    joint = exact_joint(target, PROMPT, PARAMS["T=0.7,top_k=5"])
+    assert abs(sum(joint.values()) - 1) < 1e-9
+    assert all(len(c) == 2 for c in itertools.islice(joint, 3))

@@ -1,0 +1,243 @@
+"""The round loop on tiny models: greedy equality, reproducibility, edges, cache invariants."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+
+import numpy as np
+import pytest
+
+from specwise import Engine, SamplingParams
+from specwise.backends.torch_hf import TorchLM
+from specwise.drafters import Draft, ModelDrafter, NgramDrafter
+from specwise.oracle import plain_decode
+from toy import ToyLM, tiny_llama
+
+PROMPT = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0))
+
+
+@pytest.fixture(scope="module")
+def unrelated():
+    return TorchLM(tiny_llama(vocab=16, seed=123, sharpen=4.0))
+
+
+def drafter_for(kind, target, unrelated):
+    if kind == "same":
+        return ModelDrafter(TorchLM(target.model))
+    if kind == "unrelated":
+        return ModelDrafter(unrelated)
+    return NgramDrafter()
+
+
+@pytest.mark.parametrize("kind", ["same", "unrelated", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_equals_plain(target, unrelated, kind, k):
+    params = SamplingParams(max_tokens=40)
+    want = plain_decode(target, PROMPT, params)
+    eng = Engine(target, drafter_for(kind, target, unrelated), k=k)
+    res = eng.generate(PROMPT, params)
+    assert res.tokens == want
+    assert res.finish_reason == "length"
+    s = res.summary
+    assert s.emitted == 40 and s.accepted <= s.proposed
+    if kind == "same":
+        assert s.acceptance_rate == 1.0  # the target drafting for itself is always right
+    assert not target._caches  # finish released every cache
+
+
+def test_stream_yields_the_rounds_in_order(target):
+    eng = Engine(target, NgramDrafter(), k=4)
+    chunks = list(eng.stream(PROMPT, SamplingParams(max_tokens=30)))
+    assert functools.reduce(operator.iadd, chunks, []) == plain_decode(
+        target, PROMPT, SamplingParams(max_tokens=30)
+    )
+    assert all(chunks)
+
+
+def test_seed_reproducibility_and_k0_is_plain_decoding(target, unrelated):
+    params = SamplingParams(temperature=1.0, seed=42, max_tokens=30)
+    plain = plain_decode(target, PROMPT, params)
+    assert Engine(target).generate(PROMPT, params).tokens == plain
+    assert Engine(target, ModelDrafter(unrelated), k=0).generate(PROMPT, params).tokens == plain
+    eng = Engine(target, ModelDrafter(unrelated), k=3)
+    a = eng.generate(PROMPT, params).tokens
+    b = eng.generate(PROMPT, params).tokens
+    assert a == b
+    other = [
+        eng.generate(PROMPT, SamplingParams(temperature=1.0, seed=s, max_tokens=30)).tokens
+        for s in (1, 2, 3)
+    ]
+    assert any(o != a for o in other)
+
+
+class FixedDrafter:
+    """Proposes a scripted draft, to put EOS / stop / max_tokens inside it."""
+
+    name = "fixed"
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def bind(self, target):
+        pass
+
+    def begin(self, seq, prompt):
+        pass
+
+    def propose(self, seq, context, k, params, sampler):
+        return Draft(self.tokens[:k], None)
+
+    def commit(self, seq, accepted, emitted):
+        pass
+
+    def end(self, seq):
+        pass
+
+
+def greedy_continuation(lm, prompt, n):
+    return plain_decode(lm, prompt, SamplingParams(max_tokens=n))
+
+
+def test_eos_inside_a_draft_stops_there():
+    plain_lm = ToyLM(vocab=12, seed=3)
+    cont = greedy_continuation(plain_lm, [1, 2], 6)
+    eos = cont[2]
+    lm = ToyLM(vocab=12, seed=3, eos=[eos])
+    first = cont.index(eos)
+    res = Engine(lm, FixedDrafter(cont), k=6).generate([1, 2], SamplingParams(max_tokens=50))
+    assert res.tokens == cont[: first + 1]
+    assert res.finish_reason == "stop"
+    assert (
+        len(res.rounds) == 1 and res.rounds[0].accepted == 6 and res.rounds[0].emitted == first + 1
+    )
+
+
+def test_max_tokens_inside_a_draft():
+    lm = ToyLM(vocab=12, seed=4)
+    cont = greedy_continuation(lm, [3, 4], 10)
+    eng = Engine(lm, FixedDrafter(cont), k=8)
+    res = eng.generate([3, 4], SamplingParams(max_tokens=5))
+    assert res.tokens == cont[:5] and res.finish_reason == "length"
+    assert res.rounds[0].proposed == 4  # k is clipped so no round can overshoot
+
+
+def test_every_draft_accepted_gives_a_bonus_and_empty_draft_is_plain():
+    lm = ToyLM(vocab=12, seed=5)
+    cont = greedy_continuation(lm, [3, 4], 12)
+    res = Engine(lm, FixedDrafter(cont[:3]), k=3).generate([3, 4], SamplingParams(max_tokens=4))
+    r0 = res.rounds[0]
+    assert (r0.proposed, r0.accepted, r0.bonus, r0.rejection_position, r0.emitted) == (
+        3,
+        3,
+        True,
+        None,
+        4,
+    )
+    res = Engine(lm, FixedDrafter([]), k=3).generate([3, 4], SamplingParams(max_tokens=3))
+    assert res.tokens == cont[:3]
+    assert all(r.proposed == 0 and r.emitted == 1 and r.drafter is None for r in res.rounds)
+
+
+def test_cache_invariant_after_each_round():
+    lm, dlm = ToyLM(vocab=12, seed=6), ToyLM(vocab=12, seed=7)
+    drafter = ModelDrafter(dlm)
+    eng = Engine(lm, drafter, k=4)
+    req = eng.start([1, 2, 3], SamplingParams(temperature=1.0, seed=0, max_tokens=40))
+    while not req.done:
+        eng.step([req])
+        committed = req.context
+        assert lm.caches[req.seq] == committed[:-1]
+        d = dlm.caches.get(req.seq, [])
+        assert d == committed[: len(d)]  # the drafter's cache is a prefix of the committed
+    eng.finish(req)
+    assert req.seq not in lm.caches and req.seq not in dlm.caches
+
+
+def test_stop_string_inside_a_draft():
+    class CharTok:
+        eos_token_ids = frozenset()
+        n_tokens = 12
+
+        def decode(self, ids):
+            return "".join("abcdefghijkl"[i] for i in ids)
+
+        def encode(self, text, add_special=True):
+            return ["abcdefghijkl".index(c) for c in text]
+
+        def render_chat(self, messages):
+            raise NotImplementedError
+
+        def token_text(self, i):
+            return "abcdefghijkl"[i]
+
+    lm = ToyLM(vocab=12, seed=8)
+    lm.tokenizer = CharTok()
+    cont = greedy_continuation(lm, [0, 1], 8)
+    text = lm.tokenizer.decode(cont)
+    stop = text[3:5]
+    cut = text.find(stop)
+    res = Engine(lm, FixedDrafter(cont), k=8).generate(
+        [0, 1], SamplingParams(max_tokens=20, stop=[stop])
+    )
+    assert res.finish_reason == "stop"
+    assert res.text == text[:cut]
+    assert res.tokens == cont[: cut + len(stop)]
+
+
+def test_prompt_errors(target):
+    eng = Engine(target, NgramDrafter(), k=2)
+    with pytest.raises(ValueError, match="context holds 128"):
+        eng.generate([1] * 200, SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([], SamplingParams())
+    with pytest.raises(ValueError, match="out of range"):
+        eng.generate([1, 99], SamplingParams())
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        eng.generate([1, 2], SamplingParams(stop=["x"]))
+    with pytest.raises(ValueError, match="k = -1"):
+        Engine(target, NgramDrafter(), k=-1)
+    # and the engine still works afterwards
+    assert eng.generate([1, 2], SamplingParams(max_tokens=3)).summary.emitted == 3
+
+
+def test_vocab_mismatch_is_a_clear_error(target):
+    with pytest.raises(ValueError, match=r"vocabulary \(12 tokens.*target's \(16 tokens"):
+        Engine(target, ModelDrafter(ToyLM(vocab=12)), k=2)
+
+
+def test_context_full_ends_with_length():
+    lm = ToyLM(vocab=12, seed=9, context_length=20)
+    res = Engine(lm, NgramDrafter(), k=4).generate(list(range(10)), SamplingParams(max_tokens=100))
+    assert res.finish_reason == "length"
+    assert len(res.tokens) == 11  # the cache never exceeded 20 tokens; the last one is not cached
+
+
+def test_a_failing_drafter_falls_back_to_plain():
+    lm = ToyLM(vocab=12, seed=10)
+
+    class Broken(FixedDrafter):
+        def propose(self, *a):
+            raise RuntimeError("boom")
+
+    res = Engine(lm, Broken([1]), k=2).generate([1, 2], SamplingParams(max_tokens=5))
+    assert res.tokens == greedy_continuation(lm, [1, 2], 5)
+
+
+def test_metric_invariants_on_a_sampled_run(target, unrelated):
+    res = Engine(target, ModelDrafter(unrelated), k=4).generate(
+        PROMPT, SamplingParams(temperature=1.0, seed=3, max_tokens=60)
+    )
+    s = res.summary
+    assert s.accepted <= s.proposed
+    assert s.emitted == s.accepted + s.rounds  # no stop string, max_tokens clipped k
+    assert s.mean_accepted_length == pytest.approx(1 + s.accepted / s.rounds)
+    u = s.acceptance_per_position
+    assert all(a >= b for a, b in itertools.pairwise(u))
+    assert np.isclose(sum(r.emitted for r in res.rounds), len(res.tokens))
