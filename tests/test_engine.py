@@ -30,7 +30,7 @@ def unrelated():
 
 def drafter_for(kind, target, unrelated):
     if kind == "same":
-        return ModelDrafter(TorchLM(target.model))
+        return ModelDrafter(TorchLM(target.model))  # same weights, own caches
     if kind == "unrelated":
         return ModelDrafter(unrelated)
     return NgramDrafter()

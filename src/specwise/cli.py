@@ -44,8 +44,9 @@ def _params(a: argparse.Namespace) -> SamplingParams:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="target model: .gguf file or Hugging Face folder")
-    p.add_argument("--draft", help="draft model with the target's tokenizer")
+    p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
+    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--draft", help="draft model with the target's tokenizer (name or path)")
     p.add_argument("--drafter", choices=["model", "ngram"], help="default: model if --draft")
     p.add_argument("--backend", choices=["torch", "llama_cpp"], help="default: by model kind")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: cores)")
@@ -66,8 +67,12 @@ def _build_engine(a: argparse.Namespace, trace=None):
     from specwise.drafters import ModelDrafter, NgramDrafter
     from specwise.engine import Engine
 
+    _apply_pair(a)
     if not a.target:
-        raise UsageError("--target is required (a .gguf file or a Hugging Face folder)")
+        raise UsageError(
+            "--target is required (a catalog name, a .gguf file or a Hugging Face folder), "
+            "or --pair NAME"
+        )
     drafter_kind = a.drafter or ("model" if a.draft else None)
     if drafter_kind == "model" and not a.draft:
         raise UsageError("--drafter model needs --draft PATH (a draft model)")
@@ -80,6 +85,44 @@ def _build_engine(a: argparse.Namespace, trace=None):
     elif drafter_kind == "ngram":
         drafter = NgramDrafter()
     return Engine(target, drafter, k=a.k, trace=trace)
+
+
+def _apply_pair(a: argparse.Namespace) -> None:
+    """--pair NAME fills --target and --draft (explicit flags win)."""
+    from specwise.models import PAIRS
+
+    if not getattr(a, "pair", None):
+        return
+    pair = PAIRS.get(a.pair)
+    if pair is None:
+        raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
+    a.target = a.target or pair.target
+    if getattr(a, "drafter", None) != "ngram":
+        a.draft = a.draft or pair.draft
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from specwise import models
+
+    if a.models_command == "list":
+        print(f"{'name':32} {'role':7} {'size':>9}  {'pulled':6}  description")
+        for e in models.CATALOG.values():
+            size = f"{e.size / 2**20:.0f} MiB" if e.size else "?"
+            pulled = "yes" if models.is_pulled(e.name) else "no"
+            print(f"{e.name:32} {e.role:7} {size:>9}  {pulled:6}  {e.description}")
+        print()
+        for p in models.PAIRS.values():
+            default = " (default)" if p.name == models.DEFAULT_PAIR else ""
+            print(f"pair {p.name}{default}: target {p.target} + draft {p.draft}")
+        print(f"\ncache: {models.home() / 'models'}")
+    elif a.models_command == "pull":
+        path = models.pull(a.name, source=a.source)
+        print(path)
+    elif a.models_command == "path":
+        if a.name in models.PAIRS:
+            raise UsageError(f"{a.name!r} is a pair; ask for one model: `models path NAME`")
+        print(models.resolve(a.name, pull_missing=False))
+    return 0
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -173,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead")
     g.add_argument("prompt", help="prompt text, or - to read stdin")
     g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="the model catalog: list, pull, path")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    msub.add_parser("list", help="catalog models and pairs, and whether they are pulled")
+    mp = msub.add_parser("pull", help="download, assemble and verify a model (or a pair)")
+    mp.add_argument("name")
+    mp.add_argument("--from", dest="source", help="use this local file instead of downloading")
+    mpath = msub.add_parser("path", help="print the file of a pulled model")
+    mpath.add_argument("name")
+    m.set_defaults(func=cmd_models)
     return parser
 
 

@@ -241,13 +241,13 @@ class Engine:
 
         # 2. Score: one target forward over the batch, [last emitted token] + draft each.
         logits = self.target.forward(
-            [(r.seq, [r.context[-1], *d.tokens]) for r, d in zip(live, drafts, strict=False)]
+            [(r.seq, [r.context[-1], *d.tokens]) for r, d in zip(live, drafts, strict=True)]
         )
         t2 = time.perf_counter()
 
         # 3. Verify and 4. commit, request by request.
         verdicts: list[tuple[Verdict, int]] = []
-        for r, d, lg in zip(live, drafts, logits, strict=False):
+        for r, d, lg in zip(live, drafts, logits, strict=True):
             verdict = self._verify(r, d, lg)  # lg: [k+1, V]
             self.target.truncate(r.seq, len(r.context) + verdict.accepted)
             if d.tokens and r.drafter_error is None:
@@ -258,7 +258,7 @@ class Engine:
         # 5. Record: in a batch every request waited for the whole step.
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         overhead_ms = (t3 - t2) * _ms
-        for r, d, (verdict, emitted) in zip(live, drafts, verdicts, strict=False):
+        for r, d, (verdict, emitted) in zip(live, drafts, verdicts, strict=True):
             rt = RoundTrace(
                 request_id=r.id,
                 round=len(r.rounds),

@@ -19,6 +19,8 @@ def load(model: str | Path, backend: str | None = None, threads: int | None = No
         raise ValueError(f"backend {backend!r} is unknown; use one of: {', '.join(BACKENDS)}")
     path = Path(model)
     if not path.exists():
+        if "/" in str(model) or path.suffix == ".gguf":
+            raise FileNotFoundError(f"model path {str(model)!r} does not exist")
         from specwise.models import resolve
 
         path = resolve(str(model))

@@ -31,6 +31,11 @@ class ModelDrafter:
         self._base: dict[int, int] = {}  # seq -> len(context) at the last propose
 
     def bind(self, target: LM) -> None:
+        if self.lm is target:
+            raise ValueError(
+                "the draft model must be its own LM instance, not the target's (each keeps its "
+                "own caches); load the model a second time"
+            )
         self.note = check_same_vocab(target, self.lm)
         self.width = target.vocab_size
 

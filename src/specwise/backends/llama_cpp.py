@@ -1,0 +1,329 @@
+"""`LlamaCppLM`: GGUF models on llama.cpp through llama-cpp-python's low-level API.
+
+One llama context serves several sequences: each specwise sequence id is mapped to a llama
+sequence slot on its first forward and freed by `release`. `forward` puts every (sequence,
+tokens) pair of a batch into ONE `llama_decode` call (split only where a call would exceed
+`n_batch` tokens) and copies out just the logits rows asked for. `truncate` removes the cache
+cells past the kept length (`llama_memory_seq_rm`), so rollback costs no recomputation.
+Tokenizer and chat template come from the GGUF file. This module does no sampling.
+
+The extra weight buffers (AMX, CPU repacking) are used unless the build has llama.cpp's AMX
+kernels compiled in: those die with SIGILL on some machines that report AMX, so such a build is
+loaded without extra buffers unless `extra_buffers=True` says otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specwise.backends.base import BackendInfo
+
+__all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "system_info"]
+
+_lib = None
+_log_lock = threading.Lock()
+_last_errors: list[str] = []
+
+
+def _llama():
+    """Import llama_cpp once, initialise the backend and route its log to `_last_errors`."""
+    global _lib, _log_cb
+    if _lib is None:
+        try:
+            import llama_cpp as lib
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "the llama.cpp backend needs llama-cpp-python; install it with `make install`"
+            ) from exc
+
+        @lib.llama_log_callback
+        def _log_cb(level, text, user_data):  # keep warnings and errors for error messages
+            if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
+                with _log_lock:
+                    _last_errors.append(text.decode("utf-8", "replace").strip())
+                    del _last_errors[:-20]
+
+        lib.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        lib.llama_backend_init()
+        _lib = lib
+    return _lib
+
+
+def system_info() -> str:
+    return _llama().llama_print_system_info().decode()
+
+
+def build_has_amx() -> bool:
+    """True when the llama.cpp build carries its AMX kernels."""
+    return "AMX_INT8 = 1" in system_info()
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {str(path)!r} does not exist")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{str(path)!r} is not a GGUF file (it does not start with 'GGUF')")
+
+
+class LlamaTokenizer:
+    """The Tokenizer protocol over a GGUF model's vocabulary and chat template."""
+
+    def __init__(self, lib, model, vocab) -> None:
+        self._lib, self._vocab = lib, vocab
+        self.n_tokens = lib.llama_vocab_n_tokens(vocab)
+        self.eos_token_ids = frozenset(
+            i for i in range(self.n_tokens) if lib.llama_vocab_is_eog(vocab, i)
+        )
+        tmpl = lib.llama_model_chat_template(model, None)
+        self.chat_template = tmpl.decode("utf-8") if tmpl else None
+        self._bos = self._piece(lib.llama_vocab_bos(vocab))
+        self._eos = self._piece(lib.llama_vocab_eos(vocab))
+
+    def _piece(self, token_id: int) -> str:
+        if token_id < 0:
+            return ""
+        return self.token_text(token_id)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (self._lib.llama_token * n_max)()
+        n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0:
+            n_max = -n
+            buf = (self._lib.llama_token * n_max)()
+            n = self._lib.llama_tokenize(
+                self._vocab, data, len(data), buf, n_max, add_special, True
+            )
+        return list(buf[:n])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        arr = (self._lib.llama_token * len(ids))(*ids)
+        size = 16 * len(ids) + 64
+        buf = ctypes.create_string_buffer(size)
+        n = self._lib.llama_detokenize(self._vocab, arr, len(ids), buf, size, False, False)
+        if n < 0:
+            size = -n
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_detokenize(self._vocab, arr, len(ids), buf, size, False, False)
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        if not self.chat_template:
+            raise ValueError("this GGUF file has no chat template; drop --chat")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"the chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        text = env.from_string(self.chat_template).render(
+            messages=list(messages),
+            add_generation_prompt=True,
+            bos_token=self._bos,
+            eos_token=self._eos,
+        )
+        return self.encode(text, add_special=False)
+
+    def token_text(self, token_id: int) -> str:
+        raw = self._lib.llama_vocab_get_text(self._vocab, token_id)
+        return raw.decode("utf-8", "surrogateescape") if raw else ""
+
+
+class LlamaCppLM:
+    """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        context_length: int | None = 4096,
+        max_sequences: int = 4,
+        n_batch: int = 512,
+        extra_buffers: bool | None = None,
+    ) -> None:
+        lib = _llama()
+        path = Path(path)
+        _check_gguf(path)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads = {threads} is invalid; use an integer >= 1")
+        if max_sequences < 1:
+            raise ValueError(f"max_sequences = {max_sequences} is invalid; use an integer >= 1")
+        self.threads = threads or default_threads()
+        self.extra_buffers = (not build_has_amx()) if extra_buffers is None else extra_buffers
+
+        mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = self.extra_buffers
+        _last_errors.clear()
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            why = "; ".join(_last_errors[-3:]) or "no reason given"
+            raise ValueError(
+                f"llama.cpp could not load {str(path)!r} (corrupted or truncated file?): {why}"
+            )
+        self._lib = lib
+        vocab = lib.llama_model_get_vocab(self._model)
+        train_ctx = lib.llama_model_n_ctx_train(self._model)
+        per_seq = min(context_length or train_ctx, train_ctx)
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = per_seq * max_sequences
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_batch, 512)
+        cparams.n_seq_max = max_sequences
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            why = "; ".join(_last_errors[-3:]) or "out of memory?"
+            raise ValueError(f"llama.cpp could not create a context for {str(path)!r}: {why}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self.context_length = per_seq
+        self.n_batch = n_batch
+        self.max_sequences = max_sequences
+        self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
+        self.eos_token_ids = self.tokenizer.eos_token_ids
+        self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
+        self.info = BackendInfo("llama_cpp", str(path), self.threads, _fingerprint(path))
+        self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
+        self._free = list(range(max_sequences - 1, -1, -1))
+        self._lengths: dict[int, int] = {}
+
+    # -- LM protocol -------------------------------------------------------------------------
+    def _slot(self, seq: int) -> int:
+        slot = self._slots.get(seq)
+        if slot is None:
+            if not self._free:
+                raise RuntimeError(
+                    f"all {self.max_sequences} sequence slots of this llama.cpp context are in "
+                    f"use; release a sequence first or load with a larger max_sequences"
+                )
+            slot = self._slots[seq] = self._free.pop()
+        return slot
+
+    def forward(
+        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+    ) -> list[np.ndarray]:
+        lib, b = self._lib, self._batch
+        plan = []  # (slot, first position, tokens) per entry
+        for seq, tokens in batch:
+            n = len(tokens)
+            if n == 0:
+                raise ValueError(f"forward got no tokens for sequence {seq}")
+            have = self._lengths.get(seq, 0)
+            if have + n > self.context_length:
+                raise ValueError(
+                    f"sequence {seq} would hold {have + n} tokens; the context holds "
+                    f"{self.context_length}"
+                )
+            plan.append((self._slot(seq), have, tokens))
+        rows: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
+        outputs: list[int] = []  # entry of each logits row of the pending call
+        fill = 0
+
+        def decode() -> None:
+            nonlocal fill
+            b.n_tokens = fill
+            rc = lib.llama_decode(self._ctx, b)
+            if rc != 0:
+                why = "no room in the KV cache" if rc == 1 else "see the llama.cpp log"
+                raise RuntimeError(f"llama_decode failed with code {rc} ({why})")
+            if outputs:
+                ptr = lib.llama_get_logits(self._ctx)
+                # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
+                got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
+                j = 0
+                while j < len(outputs):  # rows of one entry are consecutive
+                    e, k = outputs[j], j
+                    while k < len(outputs) and outputs[k] == e:
+                        k += 1
+                    rows[e].append(got[j:k])
+                    j = k
+            outputs.clear()
+            fill = 0
+
+        try:
+            for e, (slot, start, tokens) in enumerate(plan):
+                last = len(tokens) - 1
+                for i, t in enumerate(tokens):
+                    if fill == self.n_batch:
+                        decode()
+                    want = i == last or not last_only
+                    b.token[fill] = t
+                    b.pos[fill] = start + i
+                    b.n_seq_id[fill] = 1
+                    b.seq_id[fill][0] = slot
+                    b.logits[fill] = want
+                    if want:
+                        outputs.append(e)
+                    fill += 1
+            decode()
+        except RuntimeError:
+            for seq, _ in batch:  # a failed call may leave cells behind: drop them
+                self._lib.llama_memory_seq_rm(
+                    self._mem, self._slots[seq], self._lengths.get(seq, 0), -1
+                )
+            raise
+        for seq, tokens in batch:
+            self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
+        return [r[0] if len(r) == 1 else np.concatenate(r) for r in rows]
+
+    def length(self, seq: int) -> int:
+        return self._lengths.get(seq, 0)
+
+    def truncate(self, seq: int, n: int) -> None:
+        have = self._lengths.get(seq, 0)
+        if not 0 <= n <= have:
+            raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
+        if n == have:
+            return
+        if not self._lib.llama_memory_seq_rm(self._mem, self._slots[seq], n, -1):
+            raise RuntimeError(f"llama.cpp could not remove cache cells {n}.. of sequence {seq}")
+        self._lengths[seq] = n
+
+    def release(self, seq: int) -> None:
+        slot = self._slots.pop(seq, None)
+        self._lengths.pop(seq, None)
+        if slot is not None:
+            self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+            self._free.append(slot)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._lib.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn down ctypes
+            self.close()
+
+
+def _fingerprint(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.name}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]

@@ -1,0 +1,103 @@
+"""`specwise generate` end to end on the smallest real model, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specwise.cli import main
+
+SUMMARY_KEYS = {
+    "ttft_ms",
+    "continuation_tokens_per_s",
+    "total_ms",
+    "emitted",
+    "rounds",
+    "proposed",
+    "accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "alpha_per_position",
+    "acceptance_per_position",
+    "goodput_tokens_per_ms",
+    "draft_ms",
+    "verify_ms",
+    "overhead_ms",
+    "peak_rss_mb",
+}
+PROMPT = "Count from 1 to 30, separated by commas."
+
+
+def run_json(capsys, *args):
+    assert main(["generate", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_generate_json_ngram_and_model_drafter(smollm2_path, capsys, tmp_path):
+    base = ["--target", str(smollm2_path), "--max-tokens", "40", "--chat"]
+    plain = run_json(capsys, *base, "--k", "0", PROMPT)
+    ngram = run_json(capsys, *base, "--drafter", "ngram", "--k", "4", PROMPT)
+    trace = tmp_path / "rounds.jsonl"
+    model = run_json(capsys, *base, "--draft", str(smollm2_path), "--trace", str(trace), PROMPT)
+    for out in (plain, ngram, model):
+        assert set(out["summary"]) >= SUMMARY_KEYS
+        assert out["summary"]["emitted"] == len(out["tokens"]) == 40
+    assert ngram["tokens"] == plain["tokens"] == model["tokens"]  # greedy is exact
+    assert ngram["text"] == plain["text"]
+    assert model["summary"]["acceptance_rate"] == 1.0  # the model drafting for itself
+    rows = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert len(rows) == model["summary"]["rounds"] and rows[0]["drafter"] == "model"
+
+
+def test_generate_prints_text_then_named_figures(smollm2_path, capsys):
+    assert (
+        main(
+            [
+                "generate",
+                "--target",
+                str(smollm2_path),
+                "--drafter",
+                "ngram",
+                "--max-tokens",
+                "16",
+                "--temperature",
+                "0.7",
+                "--seed",
+                "1",
+                PROMPT,
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "acceptance rate (Σ accepted / Σ proposed, k=4)" in out
+    assert "mean accepted length τ" in out and "α per position (conditional)" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], "SamplingParams.temperature = -1.0 is invalid"),
+        (["--top-p", "0"], "SamplingParams.top_p"),
+        (["--drafter", "model"], "--drafter model needs --draft"),
+        (["--target", "/no/such/model.gguf"], "does not exist"),
+        (["--target", "no-such-name"], "not a model file, folder or catalog name"),
+        (["--pair", "nope"], "--pair 'nope' is unknown"),
+        ([], "--target is required"),
+    ],
+)
+def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
+    argv = ["generate", *args, "hello"]
+    if "--target" not in args and "--pair" not in args and args:
+        argv = ["generate", "--target", str(smollm2_path), *args, "hello"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_longer_than_context(smollm2_path, capsys):
+    assert (
+        main(["generate", "--target", str(smollm2_path), "--max-tokens", "2", "word " * 5000]) == 2
+    )
+    assert "context holds" in capsys.readouterr().err
