@@ -39,11 +39,14 @@ def test_generate_json_ngram_and_model_drafter(smollm2_path, capsys, tmp_path):
     plain = run_json(capsys, *base, "--k", "0", PROMPT)
     ngram = run_json(capsys, *base, "--drafter", "ngram", "--k", "4", PROMPT)
     trace = tmp_path / "rounds.jsonl"
-    model = run_json(capsys, *base, "--draft", str(smollm2_path), "--trace", str(trace), PROMPT)
-    for out in (plain, ngram, model):
+    model = run_json(
+        capsys, *base, "--draft", str(smollm2_path), "--k", "4", "--trace", str(trace), PROMPT
+    )
+    auto = run_json(capsys, *base, "--draft", str(smollm2_path), PROMPT)  # --k auto by default
+    for out in (plain, ngram, model, auto):
         assert set(out["summary"]) >= SUMMARY_KEYS
         assert out["summary"]["emitted"] == len(out["tokens"]) == 40
-    assert ngram["tokens"] == plain["tokens"] == model["tokens"]  # greedy is exact
+    assert ngram["tokens"] == plain["tokens"] == model["tokens"] == auto["tokens"]  # exact
     assert ngram["text"] == plain["text"]
     assert model["summary"]["acceptance_rate"] == 1.0  # the model drafting for itself
     rows = [json.loads(x) for x in trace.read_text().splitlines()]
@@ -71,7 +74,8 @@ def test_generate_prints_text_then_named_figures(smollm2_path, capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "acceptance rate (Σ accepted / Σ proposed, k=4)" in out
+    assert "acceptance rate (Σ accepted / Σ proposed, chosen per round: auto)" in out
+    assert "auto: " in out
     assert "mean accepted length τ" in out and "α per position (conditional)" in out
 
 

@@ -127,3 +127,18 @@ def test_cells_cover_the_joint():
     joint = exact_joint(target, PROMPT, PARAMS["T=0.7,top_k=5"])
     assert abs(sum(joint.values()) - 1) < 1e-9
     assert all(len(c) == 2 for c in itertools.islice(joint, 3))
+
+
+def test_auto_controller_distribution():
+    """The controller's choices depend only on the past, so the output stays the target's."""
+    from specwise.controller import Controller
+    from specwise.costs import CostCurve, CostModel
+
+    target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
+    drafters = [NgramDrafter(), ModelDrafter(draft)]
+    costs = CostModel(CostCurve({n: 10.0 + n for n in range(1, 17)}), {"ngram": 0.0, "model": 1.0})
+    engine = Engine(target, drafters, k="auto", controller=Controller(drafters, costs))
+    params = SamplingParams(temperature=1.0, top_k=6)
+    n = 4000
+    counts = sampled_counts(engine, PROMPT, params, n)
+    assert chi2_pvalue(counts, exact_joint(target, PROMPT, params), n) > 1e-3

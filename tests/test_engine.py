@@ -91,7 +91,7 @@ class FixedDrafter:
     def begin(self, seq, prompt):
         pass
 
-    def propose(self, seq, context, k, params, sampler):
+    def propose(self, seq, context, k, params, sampler, keep_going=None):
         return Draft(self.tokens[:k], None)
 
     def commit(self, seq, accepted, emitted):

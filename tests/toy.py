@@ -3,6 +3,7 @@ turns any function of a Sampler into its exact output distribution."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
@@ -22,8 +23,10 @@ class ToyLM:
         scale: float = 2.0,
         context_length: int = 256,
         eos: Sequence[int] = (),
+        delay_ms: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         rng = np.random.default_rng(seed)
+        self.delay_ms = delay_ms  # (per call, per token): makes costs realistic for timing tests
         self.table = (rng.standard_normal((vocab, vocab, vocab)) * scale).astype(np.float32)
         self.vocab_size = vocab
         self.context_length = context_length
@@ -39,6 +42,9 @@ class ToyLM:
 
     def forward(self, batch, last_only=False):
         self.calls += 1
+        if any(self.delay_ms):
+            n = sum(len(t) for _, t in batch)
+            time.sleep((self.delay_ms[0] + self.delay_ms[1] * n) / 1000.0)
         out = []
         for seq, tokens in batch:
             cache = self.caches.setdefault(seq, [])

@@ -47,24 +47,58 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
     p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
     p.add_argument("--draft", help="draft model with the target's tokenizer (name or path)")
-    p.add_argument("--drafter", choices=["model", "ngram"], help="default: model if --draft")
+    p.add_argument(
+        "--drafter",
+        help="drafters, comma separated (model, ngram); default: ngram, plus model with --draft",
+    )
     p.add_argument("--backend", choices=["torch", "llama_cpp"], help="default: by model kind")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: cores)")
 
 
-def _k(value: str) -> int:
+def _k(value: str) -> int | str:
+    if value == "auto":
+        return value
     try:
         k = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k {value!r} is not an integer >= 0") from None
+        raise argparse.ArgumentTypeError(
+            f"--k {value!r} is invalid; use an integer >= 0 (0: plain) or auto"
+        ) from None
     if k < 0:
-        raise argparse.ArgumentTypeError(f"--k {k} is invalid; use an integer >= 0 (0: plain)")
+        raise argparse.ArgumentTypeError(
+            f"--k {k} is invalid; use an integer >= 0 (0: plain) or auto"
+        )
     return k
+
+
+def _drafter_names(a: argparse.Namespace) -> list[str]:
+    """The drafters asked for: --drafter a,b; by default the n-gram drafter, plus the draft
+    model when there is one (with a fixed k, just one of them: the draft model if given)."""
+    if a.drafter:
+        names = [n.strip() for n in a.drafter.split(",") if n.strip()]
+    elif a.k == "auto":
+        names = ["ngram", "model"] if a.draft else ["ngram"]
+    else:
+        names = ["model"] if a.draft else ["ngram"]
+    from specwise.drafters import DRAFTERS
+
+    for n in names:
+        if n not in DRAFTERS:
+            raise UsageError(
+                f"--drafter {n!r} is unknown; known drafters: {', '.join(sorted(DRAFTERS))}"
+            )
+    if len(names) > 1 and a.k != "auto":
+        raise UsageError(f"a fixed --k uses one drafter, got {','.join(names)}; use --k auto")
+    if "model" in names and not a.draft:
+        raise UsageError("--drafter model needs --draft PATH (a draft model)")
+    if a.draft and "model" not in names:
+        raise UsageError(f"--draft was given but --drafter {a.drafter} does not use it")
+    return names
 
 
 def _build_engine(a: argparse.Namespace, trace=None):
     from specwise.backends import load
-    from specwise.drafters import ModelDrafter, NgramDrafter
+    from specwise.drafters import make_drafter
     from specwise.engine import Engine
 
     _apply_pair(a)
@@ -73,18 +107,15 @@ def _build_engine(a: argparse.Namespace, trace=None):
             "--target is required (a catalog name, a .gguf file or a Hugging Face folder), "
             "or --pair NAME"
         )
-    drafter_kind = a.drafter or ("model" if a.draft else None)
-    if drafter_kind == "model" and not a.draft:
-        raise UsageError("--drafter model needs --draft PATH (a draft model)")
-    if a.draft and drafter_kind == "ngram":
-        raise UsageError("--draft and --drafter ngram exclude each other; pick one drafter")
+    names = _drafter_names(a)
     target = load(a.target, backend=a.backend, threads=a.threads)
-    drafter = None
-    if drafter_kind == "model":
-        drafter = ModelDrafter(load(a.draft, backend=a.backend, threads=a.threads))
-    elif drafter_kind == "ngram":
-        drafter = NgramDrafter()
-    return Engine(target, drafter, k=a.k, trace=trace)
+    drafters = []
+    for n in names:
+        if n == "model":
+            drafters.append(make_drafter(n, lm=load(a.draft, backend=a.backend, threads=a.threads)))
+        else:
+            drafters.append(make_drafter(n))
+    return Engine(target, drafters, k=a.k if a.k != 0 else 0, trace=trace)
 
 
 def _apply_pair(a: argparse.Namespace) -> None:
@@ -97,7 +128,8 @@ def _apply_pair(a: argparse.Namespace) -> None:
     if pair is None:
         raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
     a.target = a.target or pair.target
-    if getattr(a, "drafter", None) != "ngram":
+    wanted = getattr(a, "drafter", None)
+    if wanted is None or "model" in wanted.split(","):
         a.draft = a.draft or pair.draft
 
 
@@ -131,8 +163,14 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 def describe(result, engine) -> list[str]:
     """The human summary of one generation; every acceptance figure says what it is."""
+    from collections import Counter
+
+    from specwise.trace import choice_shares
+
     s = result.summary
-    dname = engine.drafter.name if engine.drafter is not None and engine.k > 0 else "none (plain)"
+    active = engine.drafters if engine.k != 0 else []
+    dname = ",".join(d.name for d in active) or "none (plain)"
+    k_label = "chosen per round: auto" if engine.k == "auto" else f"k={engine.k}"
     spent = s.draft_ms + s.verify_ms + s.overhead_ms
     share = (lambda v: f"{100 * v / spent:.0f}%") if spent else (lambda v: "n/a")
     lines = [
@@ -140,7 +178,7 @@ def describe(result, engine) -> list[str]:
         f"k={engine.k} · finish: {result.finish_reason}",
         f"emitted {s.emitted} tokens in {s.rounds} rounds · proposed {s.proposed} · "
         f"accepted {s.accepted}",
-        f"acceptance rate (Σ accepted / Σ proposed, k={engine.k}): {_fmt(s.acceptance_rate)}",
+        f"acceptance rate (Σ accepted / Σ proposed, {k_label}): {_fmt(s.acceptance_rate)}",
         f"mean accepted length τ (Σ emitted / rounds, plain = 1): {_fmt(s.mean_accepted_length)}",
         "α per position (conditional): "
         + (" ".join(_fmt(a, ".2f") for a in s.alpha_per_position) or "n/a"),
@@ -152,9 +190,19 @@ def describe(result, engine) -> list[str]:
         f"time in rounds: draft {share(s.draft_ms)} · verify {share(s.verify_ms)} · overhead "
         f"{share(s.overhead_ms)} · prefill {s.prefill_ms:.0f} ms · peak RSS {s.peak_rss_mb:.0f} MB",
     ]
-    note = getattr(engine.drafter, "note", None)
-    if note:
-        lines.append(f"note: {note}")
+    if engine.k == "auto" and result.rounds:
+        shares = choice_shares(result.rounds)
+        parts = [
+            f"{name} in {100 * v['share']:.0f}% of rounds"
+            + (f" (mean k {v['mean_k']:.1f})" if name != "plain" else "")
+            for name, v in sorted(shares.items(), key=lambda kv: -kv[1]["share"])
+        ]
+        why = Counter(r.decision for r in result.rounds if r.decision).most_common(1)
+        lines.append("auto: " + ", ".join(parts) + (f"; most often: {why[0][0]}" if why else ""))
+    for d in active:
+        note = getattr(d, "note", None)
+        if note:
+            lines.append(f"note: {note}")
     return lines
 
 
@@ -209,7 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt and summarise the rounds")
     _model_args(g)
-    g.add_argument("--k", type=_k, default=4, help="draft tokens per round (0: plain decoding)")
+    g.add_argument(
+        "--k",
+        type=_k,
+        default="auto",
+        help="draft tokens per round: auto (default: the controller decides each round), "
+        "or a fixed integer (0: plain decoding)",
+    )
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--trace", help="append every round as JSON lines to this file")

@@ -9,10 +9,13 @@ One round (`Engine.step`) for every running request:
              the emission at EOS, a stop string or max_tokens;
 5. record  — one RoundTrace per request.
 
+With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
+when plain decoding is expected to be faster) and learns from the outcome; otherwise k is fixed.
+
 Cache invariant: between rounds the target cache holds every committed token except the last
 emitted one, which is the next round's first input. k = 0 draws exactly the random numbers of
 plain decoding (one categorical per token), so a seed reproduces plain decoding. The engine
-does not pick k itself when a controller is given, and knows no backend or drafter by type.
+knows no backend or drafter by type.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specwise.backends.base import LM
+from specwise.controller import Batch, Controller, Plan
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
 from specwise.sampling import LazyRows, Sampler, SamplingParams
@@ -37,6 +41,7 @@ __all__ = ["Engine", "GenerationResult", "Request"]
 
 log = logging.getLogger(__name__)
 _ms = 1000.0
+CHEAP_MAX_K = 15  # longest draft asked of a cheap drafter (the cost curve is measured to 16)
 
 
 @dataclass
@@ -54,7 +59,7 @@ class Request:
     rounds: list[RoundTrace] = field(default_factory=list)
     prefill_ms: float = 0.0
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
-    drafter_error: str | None = None  # set when the drafter failed; the request went on plain
+    drafter_errors: dict[str, str] = field(default_factory=dict)  # failed drafters, not used again
     ended: float | None = None
 
     @property
@@ -81,25 +86,53 @@ class GenerationResult:
 
 
 class Engine:
-    """Engine(target, drafter=None, k=4): speculative decoding over one target LM."""
+    """Engine(target, drafter=None, k=4): speculative decoding over one target LM.
+
+    drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
+    "auto" for the goodput controller (calibrated once per machine and model pair)."""
 
     def __init__(
         self,
         target: LM,
-        drafter: Drafter | None = None,
-        k: int = 4,
+        drafter: Drafter | Sequence[Drafter] | None = None,
+        k: int | str = 4,
         *,
         trace: JsonlSink | None = None,
+        controller: Controller | None = None,
     ) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k = {k!r} is invalid; it must be an integer >= 0 (0: plain)")
+        drafters = (
+            []
+            if drafter is None
+            else [drafter]
+            if not isinstance(drafter, Sequence)
+            else list(drafter)
+        )
+        auto = k == "auto"
+        if not auto and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"k = {k!r} is invalid; use an integer >= 0 (0: plain) or 'auto'")
+        if not auto and len(drafters) > 1:
+            raise ValueError(f"a fixed k uses one drafter, got {len(drafters)}; use k='auto'")
+        if len({d.name for d in drafters}) != len(drafters):
+            raise ValueError("each drafter needs its own name")
         self.target = target
-        self.drafter = drafter
-        self.k = k if drafter is not None else 0
+        self.drafters = drafters
+        self.k: int | str = k if drafters else 0
         self.trace = trace
-        if drafter is not None:
-            drafter.bind(target)
+        for d in drafters:
+            d.bind(target)
+        self.controller: Controller | None = None
+        if auto and drafters:
+            if controller is None:
+                from specwise.costs import calibrated
+
+                controller = Controller(drafters, calibrated(target, drafters))
+            self.controller = controller
         self._seq_ids = itertools.count()
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The drafter of a fixed-k engine (the first one of an auto engine)."""
+        return self.drafters[0] if self.drafters else None
 
     # -- requests ----------------------------------------------------------------------------
     def start(
@@ -145,8 +178,9 @@ class Engine:
         try:
             if len(prompt) > 1:
                 self.target.forward([(seq, prompt[:-1])], last_only=True)
-            if self.drafter is not None and self.k > 0:
-                self._drafter_call(req, self.drafter.begin, seq, prompt)
+            if self.k != 0:
+                for d in self.drafters:
+                    self._drafter_call(req, d, d.begin, seq, prompt)
         except BaseException:
             self.target.release(seq)
             raise
@@ -158,8 +192,10 @@ class Engine:
         if req.ended is None:
             req.ended = time.perf_counter()
             self.target.release(req.seq)
-            if self.drafter is not None:
-                self.drafter.end(req.seq)
+            for d in self.drafters:
+                d.end(req.seq)
+            if self.controller is not None:
+                self.controller.forget(req.id)
         if req.finish_reason is None:
             req.finish_reason = "cancelled"
         total_ms = (req.ended - req.arrival) * _ms
@@ -197,24 +233,59 @@ class Engine:
             self.finish(req)
 
     # -- the round ---------------------------------------------------------------------------
-    def _k_for(self, req: Request) -> int:
-        """The proposal length this round: never past max_tokens or the context."""
+    def _room(self, req: Request) -> int:
+        """The most draft tokens this round may hold: never past max_tokens or the context."""
         room_out = req.params.max_tokens - len(req.tokens) - 1
         room_ctx = self.target.context_length - len(req.context)
-        if req.drafter_error is not None:
-            return 0
-        return max(0, min(self.k, room_out, room_ctx))
+        return max(0, min(room_out, room_ctx))
 
-    def _drafter_call(self, req: Request, fn, *args):
-        """Call the drafter; on failure, log it and go on with plain decoding for `req`."""
+    def _drafter_call(self, req: Request, d: Drafter, fn, *args):
+        """Call a drafter; if it fails, log it and go on without it for `req`."""
+        if d.name in req.drafter_errors:
+            return None
         try:
             return fn(*args)
         except Exception as exc:  # a drafter bug must not fail the request
-            req.drafter_error = f"{type(exc).__name__}: {exc}"
-            log.warning("drafter failed for %s, continuing without it: %s", req.id, exc)
+            req.drafter_errors[d.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("drafter %s failed for %s, going on without it: %s", d.name, req.id, exc)
             with contextlib.suppress(Exception):
-                self.drafter.end(req.seq)
+                d.end(req.seq)
             return None
+
+    def _propose(self, r: Request, batch: Batch) -> tuple[Drafter | None, Draft, Plan | None]:
+        """Step 1 for one request: who drafts, and the draft."""
+        room = self._room(r)
+        none = Draft([], None)
+        if self.controller is None:
+            d = self.drafter
+            k = min(int(self.k), room)
+            if d is None or k <= 0:
+                return None, none, None
+            draft = self._drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
+            return d, draft or none, None
+        # Cheap drafters propose first; the controller then picks a drafter and length.
+        offers: dict[str, Draft] = {}
+        for d in self.drafters:
+            if d.cheap and room > 0:
+                got = self._drafter_call(
+                    r, d, d.propose, r.seq, r.context, min(room, CHEAP_MAX_K), r.params, r.sampler
+                )
+                offers[d.name] = got or none
+        plan = self.controller.plan(
+            r.id, room, batch, {n: len(o.tokens) for n, o in offers.items()}
+        )
+        d = plan.drafter
+        if d is None or d.name in r.drafter_errors:
+            return None, none, plan
+        if d.cheap:
+            o = offers[d.name]
+            probs = None if o.probs is None else o.probs[: plan.k_max]
+            conf = None if o.confidence is None else o.confidence[: plan.k_max]
+            return d, Draft(o.tokens[: plan.k_max], probs, conf), plan
+        draft = self._drafter_call(
+            r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
+        )
+        return d, draft or none, plan
 
     def step(self, batch: Sequence[Request]) -> None:
         """One round for every unfinished request in `batch`."""
@@ -223,47 +294,63 @@ class Engine:
             return
         t0 = time.perf_counter()
 
-        # 1. Propose: each request's drafter proposes up to k tokens.
-        drafts: list[Draft] = []
+        # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts.
+        chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
+        others = Batch(tokens=len(live), expected=float(len(live)))  # all plain, to start
         for r in live:
-            k = self._k_for(r)
-            draft = None
-            if k > 0:
-                draft = self._drafter_call(
-                    r, self.drafter.propose, r.seq, r.context, k, r.params, r.sampler
+            others = Batch(others.tokens - 1, others.expected - 1.0, others.draft_ms)
+            t = time.perf_counter()
+            d, draft, plan = self._propose(r, others)
+            if len(draft.tokens) > self._room(r):  # a drafter must not overshoot
+                n = self._room(r)
+                draft = Draft(
+                    draft.tokens[:n],
+                    None if draft.probs is None else draft.probs[:n],
+                    None if draft.confidence is None else draft.confidence[:n],
                 )
-            if draft is None:
-                draft = Draft([], None)
-            elif len(draft.tokens) > k:
-                draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
-            drafts.append(draft)
+            ms = (time.perf_counter() - t) * _ms
+            chosen.append((d if draft.tokens else None, draft, plan, ms))
+            expected = plan.expected_tokens if plan is not None and draft.tokens else 1.0
+            others = Batch(
+                others.tokens + 1 + len(draft.tokens),
+                others.expected + expected,
+                others.draft_ms + ms,
+            )
         t1 = time.perf_counter()
 
         # 2. Score: one target forward over the batch, [last emitted token] + draft each.
-        logits = self.target.forward(
-            [(r.seq, [r.context[-1], *d.tokens]) for r, d in zip(live, drafts, strict=True)]
-        )
+        calls = [(r.seq, [r.context[-1], *c[1].tokens]) for r, c in zip(live, chosen, strict=True)]
+        logits = self.target.forward(calls)
         t2 = time.perf_counter()
 
         # 3. Verify and 4. commit, request by request.
         verdicts: list[tuple[Verdict, int]] = []
-        for r, d, lg in zip(live, drafts, logits, strict=True):
-            verdict = self._verify(r, d, lg)  # lg: [k+1, V]
+        for r, (d, draft, _, _), lg in zip(live, chosen, logits, strict=True):
+            verdict = self._verify(r, draft, lg)  # lg: [k+1, V]
             self.target.truncate(r.seq, len(r.context) + verdict.accepted)
-            if d.tokens and r.drafter_error is None:
-                self._drafter_call(r, self.drafter.commit, r.seq, verdict.accepted, verdict.tokens)
+            if d is not None:
+                self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
+                if self.controller is not None:
+                    self.controller.observe(r.id, d.name, draft, verdict.accepted)
             verdicts.append((verdict, self._emit(r, verdict.tokens)))
         t3 = time.perf_counter()
 
         # 5. Record: in a batch every request waited for the whole step.
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         overhead_ms = (t3 - t2) * _ms
-        for r, d, (verdict, emitted) in zip(live, drafts, verdicts, strict=True):
+        if self.controller is not None:
+            costs = self.controller.costs
+            costs.observe_verify(sum(len(toks) for _, toks in calls), verify_ms)
+            costs.observe_overhead(overhead_ms)
+            for d, draft, _, ms in chosen:
+                if d is not None and not d.cheap:
+                    costs.observe_draft(d.name, len(draft.tokens), ms)
+        for r, (d, draft, plan, _), (verdict, emitted) in zip(live, chosen, verdicts, strict=True):
             rt = RoundTrace(
                 request_id=r.id,
                 round=len(r.rounds),
-                drafter=self.drafter.name if d.tokens else None,
-                proposed=len(d.tokens),
+                drafter=None if d is None else d.name,
+                proposed=len(draft.tokens),
                 accepted=verdict.accepted,
                 rejection_position=verdict.rejection_position,
                 bonus=verdict.bonus,
@@ -273,6 +360,10 @@ class Engine:
                 overhead_ms=overhead_ms,
                 batch_size=len(live),
                 t_ms=(t3 - r.arrival) * _ms,
+                k_max=None if plan is None else plan.k_max,
+                expected_goodput=None if plan is None else plan.expected_goodput,
+                plain_goodput=None if plan is None else plan.plain_goodput,
+                decision=None if plan is None else plan.reason,
             )
             r.rounds.append(rt)
             if self.trace is not None:

@@ -33,6 +33,7 @@ __all__ = [
     "RoundTrace",
     "acceptance_per_position",
     "alpha_per_position",
+    "choice_shares",
     "peak_rss_mb",
     "summarize",
 ]
@@ -59,6 +60,7 @@ class RoundTrace:
     k_max: int | None = None  # the proposal length the controller allowed
     expected_goodput: float | None = None  # predicted tokens/ms of the chosen configuration
     plain_goodput: float | None = None  # predicted tokens/ms of plain decoding
+    decision: str | None = None  # the controller's reason, in words
 
     @property
     def round_ms(self) -> float:
@@ -95,6 +97,22 @@ def rejection_histogram(rounds: Iterable[RoundTrace]) -> dict[str, int]:
         key = "none" if r.rejection_position is None else str(r.rejection_position)
         hist[key] = hist.get(key, 0) + 1
     return hist
+
+
+def choice_shares(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]]:
+    """Per configuration actually run ("plain" or a drafter's name): the share of rounds and
+    the mean number of tokens proposed."""
+    rounds = list(rounds)
+    out: dict[str, dict[str, float]] = {}
+    for r in rounds:
+        key = r.drafter or "plain"
+        e = out.setdefault(key, {"share": 0.0, "mean_k": 0.0})
+        e["share"] += 1
+        e["mean_k"] += r.proposed
+    for e in out.values():
+        e["mean_k"] /= e["share"]
+        e["share"] /= len(rounds)
+    return out
 
 
 def peak_rss_mb() -> float:

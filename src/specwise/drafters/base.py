@@ -22,18 +22,30 @@ import numpy as np
 from specwise.backends.base import LM
 from specwise.sampling import Sampler, SamplingParams
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "make_drafter", "register"]
+__all__ = ["DRAFTERS", "Draft", "Drafter", "KeepGoing", "make_drafter", "register"]
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # [k'] with k' <= k (a drafter may propose fewer, even none)
     probs: np.ndarray | None  # [k', V] q warped with the request's params; None = point mass
+    # [k'] the drafter's own probability of each token it proposed (its confidence), if it has
+    # one: q(x) when sampling, the unwarped softmax probability of the argmax when greedy.
+    confidence: list[float] | None = None
+
+
+KeepGoing = Callable[
+    [int, float], bool
+]  # (tokens drafted so far, confidence of the last) -> go on?
 
 
 @runtime_checkable
 class Drafter(Protocol):
     name: str
+    # True when proposing costs next to nothing (the controller asks first, then keeps the best
+    # prefix); False when each token costs a forward (the controller decides first).
+    cheap: bool
+    fingerprint: str  # identifies what the drafter runs (keys cached cost measurements)
 
     def bind(self, target: LM) -> None:
         """Check that this drafter can serve `target` (raise ValueError if not)."""
@@ -48,8 +60,11 @@ class Drafter(Protocol):
         k: int,
         params: SamplingParams,
         sampler: Sampler,
+        keep_going: KeepGoing | None = None,
     ) -> Draft:
-        """Up to k tokens to follow `context` (the prompt and every committed token)."""
+        """Up to k tokens to follow `context` (the prompt and every committed token).
+        A drafter that drafts one token at a time asks `keep_going` after each one and stops
+        when it says no."""
         ...
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
@@ -57,6 +72,10 @@ class Drafter(Protocol):
         ...
 
     def end(self, seq: int) -> None: ...
+
+    def measure_cost(self) -> float:
+        """Milliseconds per proposed token, measured now (for the controller's cost model)."""
+        ...
 
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {}

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specwise.backends.base import LM, check_same_vocab, fit_width
-from specwise.drafters.base import Draft, register
+from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = ["ModelDrafter"]
@@ -23,12 +23,15 @@ __all__ = ["ModelDrafter"]
 @register("model")
 class ModelDrafter:
     name = "model"
+    cheap = False
 
     def __init__(self, lm: LM) -> None:
         self.lm = lm
         self.width = lm.vocab_size  # the target's logits width, set by bind
         self.note: str | None = None  # what bind noticed about the vocabularies
         self._base: dict[int, int] = {}  # seq -> len(context) at the last propose
+        info = lm.info
+        self.fingerprint = f"model:{info.backend}:{info.fingerprint}:{info.threads}"
 
     def bind(self, target: LM) -> None:
         if self.lm is target:
@@ -55,6 +58,7 @@ class ModelDrafter:
         k: int,
         params: SamplingParams,
         sampler: Sampler,
+        keep_going: KeepGoing | None = None,
     ) -> Draft:
         self._base[seq] = len(context)
         room = self.lm.context_length - len(context)
@@ -64,18 +68,22 @@ class ModelDrafter:
         feed = list(context[self.lm.length(seq) :])  # catch up: at least the last token
         tokens: list[int] = []
         qs: list[np.ndarray] = []
+        conf: list[float] = []
         for i in range(k):
             logits = fit_width(self.lm.forward([(seq, feed)], last_only=True)[0][-1], self.width)
             if params.greedy:
                 x = int(np.argmax(logits))
+                conf.append(float(1.0 / np.exp(logits - logits[x]).sum()))  # softmax at x
             else:
                 q = warp(logits, params)  # [V]
                 x = sampler.categorical(q)
                 qs.append(q)
+                conf.append(float(q[x]))
             tokens.append(x)
-            if i + 1 < k:
-                feed = [x]
-        return Draft(tokens, np.stack(qs) if qs else None)
+            if i + 1 == k or (keep_going is not None and not keep_going(i + 1, conf[-1])):
+                break
+            feed = [x]
+        return Draft(tokens, np.stack(qs) if qs else None, conf)
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
         keep = self._base.pop(seq, self.lm.length(seq)) + accepted
@@ -85,3 +93,8 @@ class ModelDrafter:
     def end(self, seq: int) -> None:
         self._base.pop(seq, None)
         self.lm.release(seq)
+
+    def measure_cost(self) -> float:
+        from specwise.costs import measure_curve
+
+        return measure_curve(self.lm, sizes=[1], repeats=5).ms[1]

@@ -8,14 +8,19 @@ and no tokenizer; it learns nothing across requests.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specwise.backends.base import LM
-from specwise.drafters.base import Draft, register
+from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["NgramDrafter"]
+
+_GREEDY = SamplingParams()
 
 
 @dataclass
@@ -29,6 +34,7 @@ class _Index:
 @register("ngram")
 class NgramDrafter:
     name = "ngram"
+    cheap = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -38,6 +44,7 @@ class NgramDrafter:
             )
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.fingerprint = f"ngram:{min_ngram}-{max_ngram}"
         self._seqs: dict[int, _Index] = {}
 
     def bind(self, target: LM) -> None:
@@ -77,6 +84,7 @@ class NgramDrafter:
         k: int,
         params: SamplingParams,
         sampler: Sampler,
+        keep_going: KeepGoing | None = None,
     ) -> Draft:
         if k <= 0:
             return Draft([], None)
@@ -91,3 +99,15 @@ class NgramDrafter:
 
     def end(self, seq: int) -> None:
         self._seqs.pop(seq, None)
+
+    def measure_cost(self) -> float:
+        rng = np.random.default_rng(0)
+        context = [int(t) for t in rng.integers(0, 50, size=2000)]
+        seq = -3  # never an engine sequence
+        self.begin(seq, context)
+        self.propose(seq, context[:1499], 8, _GREEDY, None)  # index the context first
+        t = time.perf_counter()
+        for i in range(20):
+            self.propose(seq, context[: 1500 + i], 8, _GREEDY, None)
+        self.end(seq)
+        return (time.perf_counter() - t) * 1000.0 / (20 * 8)

@@ -1,0 +1,232 @@
+"""`Controller`: each round, per request, the drafter and proposal length with the best expected
+goodput (emitted tokens per ms), and k = 0 — plain decoding — when nothing beats it.
+
+The decision (names as in DESIGN.md §4): with a_i the predicted conditional acceptance of draft
+position i, a request proposing m tokens emits E(m) = 1 + Σ_{i<=m} Π_{j<=i} a_j tokens. A round
+is one target call shared by the batch, so the controller maximises the batch's goodput
+
+    G(m) = (E_others + E(m)) / (D_others + d·m + V(T_others + 1 + m) + overhead)
+
+where d is the drafter's measured ms per token, V(n) the measured time of a target forward of
+n tokens, and the *_others terms are what the rest of the batch already put in the call (for a
+single request they are 0). Plain decoding is m = 0. As the batch grows, the extra verify tokens
+cost more than they return, so speculation backs off by itself.
+
+Where a_i comes from:
+- per request and drafter, an exponential average of the observed α_i by position, started
+  from the drafter's average over earlier requests, so a request that changes character
+  (copying code, then writing prose) is followed within a few rounds;
+- while a model drafter drafts, its own probability of each token it proposes, mapped through
+  a calibration table (confidence bin -> observed acceptance) learnt online. Drafting stops as
+  soon as no longer draft is worth its cost: go on while, for some m > i,
+  E(m) − E(i) > G·(C(m) − C(i)), with G the goodput the round was planned at.
+
+Cheap drafters (n-gram) propose before the decision, and the controller takes the best prefix.
+When plain wins, each drafter is still probed now and then (with doubling gaps while probes
+keep losing) so a request that becomes predictable is noticed. This module runs no model; the
+engine calls `plan` before and `observe` after each round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from specwise.costs import CostModel
+from specwise.drafters.base import Draft, Drafter, KeepGoing
+
+__all__ = ["Batch", "Controller", "Plan"]
+
+REQUEST_EMA = 0.3  # weight of one observation in a request's α estimate
+GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
+PRIOR_ALPHA = 0.6  # α before anything was observed
+BINS = 10  # confidence calibration bins over [0, 1]
+PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What the rest of the batch already put into this round's target call."""
+
+    tokens: int = 0
+    expected: float = 0.0  # tokens those requests are expected to emit
+    draft_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The controller's choice for one request and round."""
+
+    drafter: Drafter | None  # None: plain decoding
+    k_max: int  # the most tokens to draft (a model drafter may stop earlier)
+    planned: int  # the length the plan expects to be best
+    expected_goodput: float  # tokens/ms of the round (the whole batch) as planned
+    plain_goodput: float  # ... had this request decoded plainly
+    expected_tokens: float = 1.0  # E(m) for this request
+    draft_ms: float = 0.0  # predicted drafting time
+    keep_going: KeepGoing | None = None
+    probe: bool = False
+    reason: str = ""
+
+
+@dataclass
+class _Calibration:
+    """Confidence -> acceptance, from observed outcomes (prior: the bin's centre, weight 2)."""
+
+    hits: list[float] = field(default_factory=lambda: [0.0] * BINS)
+    seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
+
+    def predict(self, confidence: float) -> float:
+        b = min(int(confidence * BINS), BINS - 1)
+        return (self.hits[b] + 2.0 * (b + 0.5) / BINS) / (self.seen[b] + 2.0)
+
+    def observe(self, confidence: float, accepted: bool) -> None:
+        b = min(int(confidence * BINS), BINS - 1)
+        self.hits[b] += float(accepted)
+        self.seen[b] += 1.0
+
+
+@dataclass
+class _DrafterState:
+    """One drafter's acceptance estimates: across requests, and per running request."""
+
+    alpha: list[float] = field(default_factory=list)  # across requests, by position
+    calibration: _Calibration = field(default_factory=_Calibration)
+    requests: dict[str, list[float]] = field(default_factory=dict)  # id -> α by position
+    idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
+    gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
+
+    def request_alpha(self, rid: str, n: int) -> list[float]:
+        a = self.requests.setdefault(rid, [])
+        while len(a) < n:
+            i = len(a)
+            a.append(self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA)
+        return a[:n]
+
+
+def expected_tokens(a: Sequence[float]) -> list[float]:
+    """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j."""
+    out, run, prod = [1.0], 1.0, 1.0
+    for x in a:
+        prod *= x
+        run += prod
+        out.append(run)
+    return out
+
+
+class Controller:
+    """Controller(drafters, costs, max_k): plans rounds and learns from them."""
+
+    def __init__(self, drafters: Sequence[Drafter], costs: CostModel, max_k: int = 8) -> None:
+        self.drafters = list(drafters)
+        self.costs = costs
+        self.max_k = max_k
+        self._state = {d.name: _DrafterState() for d in self.drafters}
+
+    def _round_ms(self, name: str | None, m: int, batch: Batch) -> float:
+        d = self.costs.draft_ms_per_token.get(name, 0.0) * m if name else 0.0
+        return batch.draft_ms + d + self.costs.target(batch.tokens + 1 + m) + self.costs.overhead_ms
+
+    def _goodputs(self, name: str, a: Sequence[float], batch: Batch) -> list[float]:
+        """G(m) for m = 0..len(a)."""
+        e = expected_tokens(a)
+        return [(batch.expected + e[m]) / self._round_ms(name, m, batch) for m in range(len(e))]
+
+    def plan(
+        self, rid: str, room: int, batch: Batch = Batch(), offers: dict[str, int] | None = None
+    ) -> Plan:
+        """Choose for request `rid`. room: the most draft tokens this round may hold; offers:
+        how many tokens each cheap drafter has on offer this round."""
+        offers = offers or {}
+        plain_g = (batch.expected + 1.0) / self._round_ms(None, 0, batch)
+        best = Plan(None, 0, 0, plain_g, plain_g, reason="plain decoding is expected fastest")
+        passed_over: list[tuple[Drafter, int]] = []
+        for d in self.drafters:
+            cap = min(room, offers.get(d.name, 0) if d.cheap else self.max_k)
+            if cap <= 0:
+                continue
+            a = self._state[d.name].request_alpha(rid, cap)
+            g = self._goodputs(d.name, a, batch)
+            m = max(range(len(g)), key=g.__getitem__)
+            if m > 0 and g[m] > best.expected_goodput:
+                e = expected_tokens(a)[m]
+                dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m
+                reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
+                best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e, dms, reason=reason)
+            else:
+                passed_over.append((d, cap))
+        if best.drafter is None:
+            best = self._probe(rid, passed_over, plain_g) or best
+        for d in self.drafters:
+            st = self._state[d.name]
+            st.idle[rid] = 0 if d is best.drafter else st.idle.get(rid, 0) + 1
+            if d is best.drafter and not best.probe:
+                st.gap[rid] = PROBE_FIRST
+        if best.drafter is not None and not best.drafter.cheap:
+            stop = self._stopper(best.drafter.name, rid, best.expected_goodput, best.k_max, batch)
+            best = replace(best, keep_going=stop)
+        return best
+
+    def _probe(
+        self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float
+    ) -> Plan | None:
+        """A small proposal from a drafter that plain has beaten for a while, to measure it
+        again; the gap between probes doubles while probes keep losing."""
+        for d, cap in passed_over:
+            st = self._state[d.name]
+            gap = st.gap.setdefault(rid, PROBE_FIRST)
+            if st.idle.get(rid, 0) + 1 >= gap:
+                st.gap[rid] = min(gap * 2, PROBE_MAX)
+                k = min(cap, 2)
+                return Plan(d, k, k, plain_g, plain_g, probe=True, reason=f"probing {d.name}")
+        return None
+
+    def _stopper(self, name: str, rid: str, g: float, cap: int, batch: Batch) -> KeepGoing:
+        """The mid-round rule for a drafter that drafts token by token."""
+        st = self._state[name]
+        known: list[float] = []
+
+        def keep_going(i: int, confidence: float) -> bool:
+            known.append(st.calibration.predict(confidence))
+            a = known + st.request_alpha(rid, cap)[i:]
+            e = expected_tokens(a)
+            c_i = self._round_ms(name, i, batch)
+            return any(
+                e[m] - e[i] > g * (self._round_ms(name, m, batch) - c_i)
+                for m in range(i + 1, cap + 1)
+            )
+
+        return keep_going
+
+    # -- learning ----------------------------------------------------------------------------
+    def observe(self, rid: str, drafter: str | None, draft: Draft, accepted: int) -> None:
+        """Learn from one verified round: which draft positions were reached and accepted."""
+        if drafter is None or not draft.tokens:
+            return
+        st = self._state[drafter]
+        reqa = st.requests.setdefault(rid, [])
+        st.request_alpha(rid, len(draft.tokens))
+        for i in range(min(accepted + 1, len(draft.tokens))):
+            ok = float(i < accepted)
+            reqa[i] = (1 - REQUEST_EMA) * reqa[i] + REQUEST_EMA * ok
+            while len(st.alpha) <= i:
+                st.alpha.append(PRIOR_ALPHA)
+            st.alpha[i] = (1 - GLOBAL_EMA) * st.alpha[i] + GLOBAL_EMA * ok
+            if draft.confidence is not None:
+                st.calibration.observe(draft.confidence[i], bool(ok))
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished request's estimates (the averages over requests stay)."""
+        for st in self._state.values():
+            st.requests.pop(rid, None)
+            st.idle.pop(rid, None)
+            st.gap.pop(rid, None)
+
+    def set_prior(self, drafter: str, alpha: Sequence[float]) -> None:
+        """Start new requests of `drafter` from these α by position (e.g. from earlier runs)."""
+        self._state[drafter].alpha = [float(a) for a in alpha]
+
+    def alpha(self, drafter: str, rid: str | None = None) -> list[float]:
+        """Current α estimates by position (of a request, or across requests)."""
+        st = self._state[drafter]
+        return list(st.requests.get(rid, [])) if rid is not None else list(st.alpha)

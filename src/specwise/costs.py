@@ -1,0 +1,186 @@
+"""Measured costs: how long a forward of n tokens takes, per model, and how to keep that current.
+
+`CostCurve` maps tokens-in-one-call to milliseconds (median of repeats after a warm-up) and
+is updated from the rounds actually run. `measure_curve` calibrates one; `CostModel` holds the
+target's curve, each drafter's cost per proposed token and the per-round overhead, and is
+cached on disk keyed by model files, backend, threads and machine. The numbers feed the
+controller and the bench; this module decides nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specwise.backends.base import LM
+
+if TYPE_CHECKING:
+    from specwise.drafters.base import Drafter
+
+__all__ = ["CostCurve", "CostModel", "cache_key", "calibrated", "measure_costs", "measure_curve"]
+
+_CAL_SEQ = -2  # a sequence id the engine never uses
+EMA = 0.1  # weight of one new observation
+
+
+@dataclass
+class CostCurve:
+    """Milliseconds of one forward call as a function of the tokens in it."""
+
+    ms: dict[int, float] = field(default_factory=dict)
+
+    def __call__(self, n: int) -> float:
+        """Interpolated (linear) or extrapolated (slope of the last two points) cost of n tokens."""
+        if n in self.ms:
+            return self.ms[n]
+        if not self.ms:
+            raise ValueError("the cost curve has no measurements")
+        xs = sorted(self.ms)
+        if n < xs[0]:
+            return self.ms[xs[0]]
+        if n > xs[-1]:
+            if len(xs) == 1:
+                return self.ms[xs[0]] * n / xs[0]
+            a, b = xs[-2], xs[-1]
+            slope = max((self.ms[b] - self.ms[a]) / (b - a), 0.0)
+            return self.ms[b] + slope * (n - b)
+        return float(np.interp(n, xs, [self.ms[x] for x in xs]))
+
+    def observe(self, n: int, ms: float) -> None:
+        """Blend one observed call into the curve."""
+        old = self.ms.get(n)
+        self.ms[n] = ms if old is None else (1 - EMA) * old + EMA * ms
+
+    def relative(self) -> dict[int, float]:
+        base = self.ms.get(1) or next(iter(self.ms.values()))
+        return {n: v / base for n, v in sorted(self.ms.items())}
+
+
+def measure_curve(
+    lm: LM, sizes: Iterable[int] = range(1, 17), repeats: int = 3, context: int = 128
+) -> CostCurve:
+    """Median time of a forward of n tokens on a sequence already holding `context` tokens."""
+    sizes = list(sizes)
+    context = max(1, min(context, lm.context_length - max(sizes) - 4))
+    rng = np.random.default_rng(0)
+    hi = min(lm.vocab_size, 1000)
+    ctx = [int(t) for t in rng.integers(10, hi, size=context)]
+    feed = [int(t) for t in rng.integers(10, hi, size=max(sizes))]
+    lm.release(_CAL_SEQ)
+    try:
+        lm.forward([(_CAL_SEQ, ctx)], last_only=True)
+        lm.forward([(_CAL_SEQ, feed[:4])])  # warm-up
+        lm.truncate(_CAL_SEQ, context)
+        samples: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                t = time.perf_counter()
+                lm.forward([(_CAL_SEQ, feed[:n])])
+                samples[n].append((time.perf_counter() - t) * 1000.0)
+                lm.truncate(_CAL_SEQ, context)
+    finally:
+        lm.release(_CAL_SEQ)
+    return CostCurve({n: float(np.median(v)) for n, v in samples.items()})
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return f"{cpu}|{os.cpu_count()}"
+
+
+def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
+    """Identifies a measurement: machine, target weights, backend, threads, drafters."""
+    info = target.info
+    parts = [_machine(), f"{info.backend}:{info.fingerprint}:{info.threads}"]
+    parts += sorted(d.fingerprint for d in drafters)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16) -> CostModel:
+    """Calibrate now: the target's curve for 1..max_tokens tokens, each drafter's ms/token."""
+    curve = measure_curve(target, sizes=range(1, max_tokens + 1))
+    return CostModel(curve, {d.name: d.measure_cost() for d in drafters})
+
+
+def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
+    """The cached calibration for this machine, target and drafters; measured (and cached in
+    $SPECWISE_HOME/costs) when there is none."""
+    from specwise.models import home
+
+    path = home() / "costs" / f"{cache_key(target, drafters)}.json"
+    model = CostModel.load(path)
+    if model is None or any(d.name not in model.draft_ms_per_token for d in drafters):
+        print(
+            "specwise: measuring forward costs once for this model pair and machine...",
+            file=sys.stderr,
+        )
+        model = measure_costs(target, drafters)
+        model.save(path)
+    return model
+
+
+@dataclass
+class CostModel:
+    """The costs the controller plans with: target curve, drafter ms per token, overhead."""
+
+    target: CostCurve
+    draft_ms_per_token: dict[str, float] = field(default_factory=dict)
+    overhead_ms: float = 0.5
+
+    def observe_verify(self, tokens: int, ms: float) -> None:
+        self.target.observe(tokens, ms)
+
+    def observe_draft(self, drafter: str, proposed: int, ms: float) -> None:
+        if proposed > 0:
+            old = self.draft_ms_per_token.get(drafter)
+            per = ms / proposed
+            self.draft_ms_per_token[drafter] = per if old is None else (1 - EMA) * old + EMA * per
+
+    def observe_overhead(self, ms: float) -> None:
+        self.overhead_ms = (1 - EMA) * self.overhead_ms + EMA * ms
+
+    # -- persistence -------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "target": {str(n): v for n, v in self.target.ms.items()},
+            "draft_ms_per_token": self.draft_ms_per_token,
+            "overhead_ms": self.overhead_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostModel:
+        return cls(
+            target=CostCurve({int(n): float(v) for n, v in data["target"].items()}),
+            draft_ms_per_token={k: float(v) for k, v in data["draft_ms_per_token"].items()},
+            overhead_ms=float(data["overhead_ms"]),
+        )
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel | None:
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None

@@ -1,0 +1,216 @@
+"""The goodput controller: decisions on synthetic costs with known optima, estimators, probing,
+batch back-off, and the engine in auto mode (still exact)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from specwise import Engine, SamplingParams
+from specwise.backends.torch_hf import TorchLM
+from specwise.controller import PROBE_FIRST, Batch, Controller, expected_tokens
+from specwise.costs import CostCurve, CostModel, measure_costs
+from specwise.drafters import Draft, ModelDrafter, NgramDrafter
+from specwise.oracle import plain_decode
+from toy import ToyLM, tiny_llama
+
+
+class Named:
+    """A stand-in drafter for planning tests (the controller only reads these attributes)."""
+
+    def __init__(self, name, cheap):
+        self.name, self.cheap = name, cheap
+
+
+def costs(curve, draft_ms):
+    return CostModel(CostCurve(dict(curve)), dict(draft_ms), overhead_ms=0.0)
+
+
+def brute_force(alpha, draft_ms, v, batch=None):
+    """argmax over m of (E_others + E(m)) / (D_others + d m + V(T + 1 + m)); plain is m = 0."""
+    batch = batch or Batch()
+    best_m, best_g = 0, -1.0
+    for m in range(len(alpha) + 1):
+        e = 1 + sum(np.prod(alpha[: i + 1]) for i in range(m))
+        g = (batch.expected + e) / (batch.draft_ms + draft_ms * m + v(batch.tokens + 1 + m))
+        if g > best_g + 1e-12:
+            best_m, best_g = m, g
+    return best_m, best_g
+
+
+LINEAR = {n: 10.0 + 2.0 * (n - 1) for n in range(1, 17)}  # verification is cheap
+STEEP = {n: 10.0 * n for n in range(1, 17)}  # verification costs as much as decoding
+BUMPY = {
+    1: 69,
+    2: 103,
+    3: 132,
+    4: 124,
+    5: 146,
+    6: 210,
+    7: 212,
+    8: 213,
+    9: 251,
+    10: 260,
+    11: 270,
+    12: 281,
+    13: 270,
+    14: 265,
+    15: 263,
+    16: 262,
+}  # measured shape, llama.cpp
+
+
+@pytest.mark.parametrize("curve", [LINEAR, STEEP, BUMPY])
+@pytest.mark.parametrize("alpha", [0.95, 0.8, 0.5, 0.1])
+@pytest.mark.parametrize("draft_ms", [0.0, 1.0, 4.0, 40.0])
+def test_plan_is_the_brute_force_optimum(curve, alpha, draft_ms):
+    ctl = Controller([Named("model", cheap=False)], costs(curve, {"model": draft_ms}), max_k=8)
+    ctl.set_prior("model", [alpha] * 8)
+    plan = ctl.plan("r", room=8)
+    m, g = brute_force([alpha] * 8, draft_ms, CostCurve(dict(curve)))
+    assert plan.planned == m
+    assert plan.expected_goodput == pytest.approx(g)
+    assert (plan.drafter is None) == (m == 0)
+
+
+def test_cheap_drafter_is_cut_to_its_best_prefix_and_model_used_otherwise():
+    ctl = Controller(
+        [Named("ngram", True), Named("model", False)],
+        costs(BUMPY, {"ngram": 0.0, "model": 10.0}),
+        max_k=8,
+    )
+    ctl.set_prior("ngram", [0.9] * 16)
+    ctl.set_prior("model", [0.95] * 8)
+    plan = ctl.plan("r", room=20, offers={"ngram": 12})
+    m, _ = brute_force([0.9] * 12, 0.0, CostCurve(dict(BUMPY)))
+    assert plan.drafter.name == "ngram" and plan.k_max == plan.planned == m > 0
+    plan = ctl.plan("r2", room=20, offers={"ngram": 0})  # no match: the model, if it pays
+    assert plan.drafter.name == "model"
+
+
+def test_batch_makes_speculation_back_off():
+    curve = {n: 10.0 if n <= 4 else 10.0 * (n - 3) for n in range(1, 40)}
+    ctl = Controller([Named("ngram", True)], costs(curve, {"ngram": 0.0}))
+    ctl.set_prior("ngram", [0.9] * 8)
+    alone = ctl.plan("a", room=8, offers={"ngram": 8})
+    crowded = ctl.plan("b", room=8, batch=Batch(tokens=8, expected=8.0), offers={"ngram": 8})
+    assert alone.drafter is not None and alone.planned == 3
+    assert crowded.drafter is None
+    m, _ = brute_force([0.9] * 8, 0.0, CostCurve(curve), Batch(tokens=8, expected=8.0))
+    assert m == 0
+
+
+def test_stopper_stops_on_low_confidence():
+    ctl = Controller([Named("model", False)], costs(LINEAR, {"model": 2.0}), max_k=8)
+    for _ in range(100):  # calibration: confident tokens are accepted, unsure ones are not
+        ctl.observe("warm", "model", Draft([1], None, [0.95]), accepted=1)
+        ctl.observe("warm", "model", Draft([1], None, [0.05]), accepted=0)
+    ctl.set_prior("model", [0.9] * 8)
+    plan = ctl.plan("r", room=8)
+    assert plan.drafter is not None and plan.keep_going(1, 0.97)
+    plan = ctl.plan("r", room=8)
+    assert not plan.keep_going(1, 0.03)
+
+
+def test_estimators_converge_and_follow_a_change():
+    ctl = Controller([Named("model", False)], costs(LINEAR, {"model": 1.0}))
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        acc = int(rng.random() < 0.7) + int(rng.random() < 0.7) * 0  # position 0 only
+        ctl.observe("r", "model", Draft([5], None), accepted=acc)
+    assert ctl.alpha("model")[0] == pytest.approx(0.7, abs=0.12)
+    for _ in range(10):  # the request turns unpredictable
+        ctl.observe("r", "model", Draft([5], None), accepted=0)
+    assert ctl.alpha("model", "r")[0] < 0.1
+
+
+def test_probing_happens_with_doubling_gaps():
+    ctl = Controller([Named("model", False)], costs(STEEP, {"model": 5.0}))
+    ctl.set_prior("model", [0.0] * 8)
+    probes = [i for i in range(200) if ctl.plan("r", room=8).probe]
+    assert probes[0] < PROBE_FIRST
+    gaps = np.diff(probes)
+    assert list(gaps[:3]) == [2 * PROBE_FIRST, 4 * PROBE_FIRST, 8 * PROBE_FIRST]
+
+
+class AlwaysWrong:
+    """A pathological drafter: proposes a token the target never picks."""
+
+    name, cheap, fingerprint = "wrong", False, "wrong"
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def bind(self, target):
+        pass
+
+    def begin(self, seq, prompt):
+        pass
+
+    def propose(self, seq, context, k, params, sampler, keep_going=None):
+        best = int(np.argmax(self.lm.next_logits(context)))
+        out = []
+        for i in range(k):
+            time.sleep(0.002)  # drafting costs something
+            out.append((best + 1) % self.lm.vocab_size)
+            if keep_going is not None and not keep_going(i + 1, 0.99):
+                break
+        return Draft(out, None, [0.99] * len(out))
+
+    def commit(self, seq, accepted, emitted):
+        pass
+
+    def end(self, seq):
+        pass
+
+    def measure_cost(self):
+        return 1.0
+
+
+def test_an_always_rejected_drafter_is_dropped_within_a_few_rounds():
+    lm = ToyLM(vocab=12, seed=0, delay_ms=(4.0, 2.0))  # verification is not free
+    bad = AlwaysWrong(lm)
+    ctl = Controller([bad], costs({n: 4.0 + 2.0 * n for n in range(1, 17)}, {"wrong": 2.0}))
+    ctl.set_prior("wrong", [0.9] * 8)  # it starts out trusted
+    res = Engine(lm, bad, k="auto", controller=ctl).generate([1, 2], SamplingParams(max_tokens=80))
+    spec = [r.round for r in res.rounds if r.proposed > 0]
+    assert spec[:1] == [0]
+    settled = [i for i in spec if i >= 4]
+    assert len(settled) <= 3  # only occasional probes after the first rounds
+    assert res.tokens == plain_decode(lm, [1, 2], SamplingParams(max_tokens=80))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_auto_engine_is_exact(temperature):
+    target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0))
+    draft = TorchLM(tiny_llama(vocab=16, seed=3, sharpen=4.0))
+    drafters = [NgramDrafter(), ModelDrafter(draft)]
+    eng = Engine(
+        target,
+        drafters,
+        k="auto",
+        controller=Controller(drafters, measure_costs(target, drafters, max_tokens=8)),
+    )
+    prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
+    params = SamplingParams(temperature=temperature, seed=7, max_tokens=40)
+    res = eng.generate(prompt, params)
+    assert len(res.tokens) == 40
+    assert all(r.decision for r in res.rounds)
+    if temperature == 0.0:
+        assert res.tokens == plain_decode(target, prompt, params)
+    assert {r.drafter for r in res.rounds} <= {None, "ngram", "model"}
+
+
+def test_expected_tokens():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([0.5, 0.5]) == [1.0, 1.5, 1.75]
+
+
+def test_fixed_k_rejects_several_drafters():
+    lm = ToyLM()
+    with pytest.raises(ValueError, match="use k='auto'"):
+        Engine(lm, [NgramDrafter(), NgramDrafter()], k=2)
+    with pytest.raises(ValueError, match="k = 'fast'"):
+        Engine(lm, NgramDrafter(), k="fast")
