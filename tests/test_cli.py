@@ -88,13 +88,21 @@ def test_generate_prints_text_then_named_figures(smollm2_path, capsys):
         (["--target", "/no/such/model.gguf"], "does not exist"),
         (["--target", "no-such-name"], "not a model file, folder or catalog name"),
         (["--pair", "nope"], "--pair 'nope' is unknown"),
-        ([], "--target is required"),
+        (["--k", "-2"], "--k -2 is invalid"),
+        (["--drafter", "eagle"], "--drafter 'eagle' is unknown"),
     ],
 )
 def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
     argv = ["generate", *args, "hello"]
-    if "--target" not in args and "--pair" not in args and args:
+    if "--target" not in args and "--pair" not in args:
         argv = ["generate", "--target", str(smollm2_path), *args, "hello"]
+    if args[:1] == ["--k"]:  # argparse's own check: usage, then one error line, exit 2
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert message in last
+        return
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -83,10 +83,10 @@ def test_cheap_drafter_is_cut_to_its_best_prefix_and_model_used_otherwise():
     )
     ctl.set_prior("ngram", [0.9] * 16)
     ctl.set_prior("model", [0.95] * 8)
-    plan = ctl.plan("r", room=20, offers={"ngram": 12})
+    plan = ctl.plan("r", room=20, offers={"ngram": [None] * 12})
     m, _ = brute_force([0.9] * 12, 0.0, CostCurve(dict(BUMPY)))
     assert plan.drafter.name == "ngram" and plan.k_max == plan.planned == m > 0
-    plan = ctl.plan("r2", room=20, offers={"ngram": 0})  # no match: the model, if it pays
+    plan = ctl.plan("r2", room=20, offers={"ngram": []})  # no match: the model, if it pays
     assert plan.drafter.name == "model"
 
 
@@ -94,8 +94,10 @@ def test_batch_makes_speculation_back_off():
     curve = {n: 10.0 if n <= 4 else 10.0 * (n - 3) for n in range(1, 40)}
     ctl = Controller([Named("ngram", True)], costs(curve, {"ngram": 0.0}))
     ctl.set_prior("ngram", [0.9] * 8)
-    alone = ctl.plan("a", room=8, offers={"ngram": 8})
-    crowded = ctl.plan("b", room=8, batch=Batch(tokens=8, expected=8.0), offers={"ngram": 8})
+    alone = ctl.plan("a", room=8, offers={"ngram": [None] * 8})
+    crowded = ctl.plan(
+        "b", room=8, batch=Batch(tokens=8, expected=8.0), offers={"ngram": [None] * 8}
+    )
     assert alone.drafter is not None and alone.planned == 3
     assert crowded.drafter is None
     m, _ = brute_force([0.9] * 8, 0.0, CostCurve(curve), Batch(tokens=8, expected=8.0))
@@ -165,8 +167,11 @@ class AlwaysWrong:
     def end(self, seq):
         pass
 
+    def lag(self, seq, context):
+        return 0
+
     def measure_cost(self):
-        return 1.0
+        return 1.0, 0.0
 
 
 def test_an_always_rejected_drafter_is_dropped_within_a_few_rounds():
@@ -214,3 +219,14 @@ def test_fixed_k_rejects_several_drafters():
         Engine(lm, [NgramDrafter(), NgramDrafter()], k=2)
     with pytest.raises(ValueError, match="k = 'fast'"):
         Engine(lm, NgramDrafter(), k="fast")
+
+
+def test_a_catch_up_is_paid_back_only_over_enough_tokens():
+    model = costs(LINEAR, {"model": 1.0})
+    model.catch_up_ms_per_token["model"] = 0.5
+    ctl = Controller([Named("model", False)], model)
+    ctl.set_prior("model", [0.95] * 8)
+    lags = {"model": 400}  # 200 ms to catch up
+    assert ctl.plan("short", room=8, lags=lags, remaining=10).drafter is None
+    assert ctl.plan("long", room=8, lags=lags, remaining=2000).drafter is not None
+    assert ctl.plan("fresh", room=8, lags={"model": 0}, remaining=10).drafter is not None

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
 
 from specwise.sampling import SamplingParams
 
@@ -96,26 +98,131 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     return names
 
 
-def _build_engine(a: argparse.Namespace, trace=None):
+def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 4):
+    """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair)."""
     from specwise.backends import load
+    from specwise.models import DEFAULT_PAIR
+
+    if not a.target and not a.pair:
+        a.pair = DEFAULT_PAIR
+    _apply_pair(a)
+    if not a.target:
+        raise UsageError("--target is required (a catalog name, a .gguf file or a HF folder)")
+    kw = {"backend": a.backend, "threads": a.threads, "max_sequences": max_sequences}
+    target = load(a.target, **kw)
+    draft = load(a.draft, **kw) if need_draft and a.draft else None
+    return target, draft
+
+
+def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 4):
     from specwise.drafters import make_drafter
     from specwise.engine import Engine
 
+    if not a.target and not a.pair:
+        from specwise.models import DEFAULT_PAIR
+
+        a.pair = DEFAULT_PAIR
     _apply_pair(a)
-    if not a.target:
-        raise UsageError(
-            "--target is required (a catalog name, a .gguf file or a Hugging Face folder), "
-            "or --pair NAME"
-        )
     names = _drafter_names(a)
-    target = load(a.target, backend=a.backend, threads=a.threads)
-    drafters = []
-    for n in names:
-        if n == "model":
-            drafters.append(make_drafter(n, lm=load(a.draft, backend=a.backend, threads=a.threads)))
-        else:
-            drafters.append(make_drafter(n))
-    return Engine(target, drafters, k=a.k if a.k != 0 else 0, trace=trace)
+    target, draft = _load_models(a, need_draft="model" in names, max_sequences=max_sequences)
+    drafters = [make_drafter(n, lm=draft) if n == "model" else make_drafter(n) for n in names]
+    return Engine(target, drafters, k=a.k, trace=trace)
+
+
+def _csv(convert, what: str):
+    def parse(value: str) -> list:
+        try:
+            return [convert(x.strip()) for x in value.split(",") if x.strip()]
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a comma-separated list of {what}"
+            ) from None
+
+    return parse
+
+
+def _bench_load(a: argparse.Namespace) -> int:
+    import os
+
+    from specwise.bench.load import LoadOptions, run_load
+    from specwise.bench.workloads import builtin, load_jsonl
+
+    if a.requests < 1:
+        raise UsageError(f"--requests {a.requests} is invalid; use an integer >= 1")
+    if not a.concurrency or min(a.concurrency) < 1:
+        raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4,8")
+    if not a.url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {a.url!r} is not an http(s) URL")
+    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    opts = LoadOptions(
+        url=a.url,
+        model=a.model,
+        concurrency=a.concurrency,
+        requests=a.requests,
+        prompts=[p.turns[0] for p in prompts],
+        stream=a.stream,
+        max_tokens=a.max_tokens,
+        ks=a.k or [None],
+        api_key=a.api_key or os.environ.get("SPECWISE_API_KEY"),
+        out=Path(a.out)
+        if a.out
+        else Path("bench-results") / (datetime.now().strftime("%Y%m%d-%H%M%S") + "-load"),
+    )
+    run_load(opts)
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from specwise.bench.runner import Options
+    from specwise.bench.session import default_out, pick, run_bench
+    from specwise.bench.workloads import builtin, load_jsonl
+
+    if a.bench_command == "load":
+        return _bench_load(a)
+    if a.bench_command == "backend":
+        from specwise.bench.backend import run_backend_bench
+
+        target, draft = _load_models(a, need_draft=True)
+        return run_backend_bench(target, draft, a)
+    if a.quick:
+        a.limit = a.limit or 1
+        a.max_tokens = a.max_tokens or 64
+        a.k = a.k or [4, "auto"]
+    drafters = a.drafter.split(",") if a.drafter else ["model", "ngram"]
+    options = Options(
+        drafters=drafters,
+        ks=a.k or [2, 4, 6, 8, "auto"],
+        temperatures=a.temperature,
+        top_ps=a.top_p,
+        max_tokens=a.max_tokens or 128,
+        repeats=a.repeats,
+        multi_turn=a.multi_turn,
+        seed=a.seed,
+    )
+    if options.repeats < 1:
+        raise UsageError(f"--repeats {options.repeats} is invalid; use an integer >= 1")
+    for t in options.temperatures or []:
+        SamplingParams(temperature=t)  # validates
+    for p in options.top_ps or []:
+        SamplingParams(top_p=p)
+    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    if a.prompts and a.categories:
+        prompts = [p for p in prompts if p.category in a.categories]
+    prompts = pick(prompts, a.limit)
+    if not prompts:
+        raise UsageError("no prompts left to run (check --categories and --prompts)")
+    target, draft = _load_models(a, need_draft="model" in drafters)
+    if "model" in drafters and draft is None:
+        raise UsageError("the model drafter needs --draft or --pair (or drop it: --drafter ngram)")
+    out = Path(a.out) if a.out else default_out()
+    info = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "target": target.info.model,
+        "draft": draft.info.model if draft else None,
+        "backend": target.info.backend,
+    }
+    run_bench(target, draft, prompts, options, out, info)
+    return 0
 
 
 def _apply_pair(a: argparse.Namespace) -> None:
@@ -249,6 +356,50 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    import ipaddress
+    import os
+
+    import uvicorn
+
+    from specwise.server.app import create_app
+
+    if a.max_batch < 1:
+        raise UsageError(f"--max-batch {a.max_batch} is invalid; use an integer >= 1")
+    if a.max_queue < 0:
+        raise UsageError(f"--max-queue {a.max_queue} is invalid; use an integer >= 0")
+    if not 0 < a.port < 65536:
+        raise UsageError(f"--port {a.port} is invalid; use 1..65535")
+    api_key = a.api_key or os.environ.get("SPECWISE_API_KEY") or None
+    try:
+        loopback = a.host == "localhost" or ipaddress.ip_address(a.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and api_key is None:
+        print(
+            f"specwise: warning: serving on {a.host} without an API key; anyone who can reach "
+            f"this address can use the model (set --api-key or SPECWISE_API_KEY)",
+            file=sys.stderr,
+        )
+    engine = _build_engine(a, max_sequences=a.max_batch + 2)  # + the engine's own checks
+    name = a.pair or engine.target.info.model
+    app = create_app(
+        engine,
+        name,
+        max_batch=a.max_batch,
+        max_queue=a.max_queue,
+        api_key=api_key,
+        cors_origins=a.cors or None,
+    )
+    print(
+        f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
+        f"(k={engine.k}, drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specwise", description="Exact, measured speculative decoding for local LLMs."
@@ -280,6 +431,65 @@ def build_parser() -> argparse.ArgumentParser:
     mpath = msub.add_parser("path", help="print the file of a pulled model")
     mpath.add_argument("name")
     m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="benchmark speculative configurations against plain decoding")
+    _model_args(b)
+    b.add_argument("--k", type=_csv(_k, "k values"), help="k values, e.g. 2,4,6,8,auto")
+    b.add_argument(
+        "--temperature",
+        type=_csv(float, "numbers"),
+        help="temperatures (default: each category's own)",
+    )
+    b.add_argument("--top-p", type=_csv(float, "numbers"), help="top-p values")
+    b.add_argument("--categories", type=_csv(str, "names"), help="categories to run")
+    b.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
+    b.add_argument("--multi-turn", action="store_true", help="use every turn of 'turns' prompts")
+    b.add_argument("--limit", type=int, help="prompts per category")
+    b.add_argument("--max-tokens", type=int, help="new tokens per request (default 128)")
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", help="output folder (default bench-results/<timestamp>)")
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="one prompt per category, 64 tokens, k in {4, auto} (a few minutes)",
+    )
+    bsub = b.add_subparsers(dest="bench_command")
+    bb = bsub.add_parser(
+        "backend", help="plain decoding vs llama-cpp-python, overhead, cost curves"
+    )
+    _model_args(bb)
+    bb.add_argument("--max-tokens", type=int, default=128)
+    bb.add_argument("--repeats", type=int, default=3)
+    bb.add_argument("--out", help="output folder (default bench-results/<timestamp>-backend)")
+    bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
+    bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    bl.add_argument("--model", help="model name to send (default: none, the server's)")
+    bl.add_argument("--concurrency", type=_csv(int, "integers"), default=[1, 2, 4, 8])
+    bl.add_argument("--requests", type=int, default=16, help="requests per level")
+    bl.add_argument("--prompts", help="a JSONL file of prompts (default: the shipped ones)")
+    bl.add_argument("--categories", type=_csv(str, "names"), help="shipped categories to use")
+    bl.add_argument("--stream", action="store_true", help="stream (needed for TTFT)")
+    bl.add_argument("--max-tokens", type=int, default=128)
+    bl.add_argument(
+        "--k",
+        type=_csv(_k, "k values"),
+        help="specwise only: speculative.k per request, e.g. auto,0 (side by side)",
+    )
+    bl.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    bl.add_argument("--out", help="output folder (default bench-results/<timestamp>-load)")
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    _model_args(s)
+    s.add_argument("--k", type=_k, default="auto", help="default k for requests (auto)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or SPECWISE_API_KEY)")
+    s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
+    s.set_defaults(func=cmd_serve)
     return parser
 
 

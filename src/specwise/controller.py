@@ -22,9 +22,12 @@ Where a_i comes from:
   E(m) − E(i) > G·(C(m) − C(i)), with G the goodput the round was planned at.
 
 Cheap drafters (n-gram) propose before the decision, and the controller takes the best prefix.
-When plain wins, each drafter is still probed now and then (with doubling gaps while probes
-keep losing) so a request that becomes predictable is noticed. This module runs no model; the
-engine calls `plan` before and `observe` after each round.
+A model drafter that has fallen behind the context (it is prefilled only once chosen) must
+first catch up; that one-time cost is spread over the tokens the request has left, so it is
+chosen only when it can pay the catch-up back. When plain wins, each drafter is still probed
+now and then (with doubling gaps while probes keep losing, and only when catching up costs no
+more than one plain round) so a request that becomes predictable is noticed. This module runs
+no model; the engine calls `plan` before and `observe` after each round.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ __all__ = ["Batch", "Controller", "Plan"]
 
 REQUEST_EMA = 0.3  # weight of one observation in a request's α estimate
 GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
-PRIOR_ALPHA = 0.6  # α before anything was observed
+PRIOR_ALPHA = 0.4  # α before anything was observed (below break-even on slow verification)
 BINS = 10  # confidence calibration bins over [0, 1]
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 
@@ -127,33 +130,52 @@ class Controller:
         d = self.costs.draft_ms_per_token.get(name, 0.0) * m if name else 0.0
         return batch.draft_ms + d + self.costs.target(batch.tokens + 1 + m) + self.costs.overhead_ms
 
-    def _goodputs(self, name: str, a: Sequence[float], batch: Batch) -> list[float]:
-        """G(m) for m = 0..len(a)."""
-        e = expected_tokens(a)
-        return [(batch.expected + e[m]) / self._round_ms(name, m, batch) for m in range(len(e))]
-
     def plan(
-        self, rid: str, room: int, batch: Batch = Batch(), offers: dict[str, int] | None = None
+        self,
+        rid: str,
+        room: int,
+        batch: Batch = Batch(),
+        offers: dict[str, Sequence[float | None]] | None = None,
+        lags: dict[str, int] | None = None,
+        remaining: int = 1 << 30,
+        only: str | None = None,
     ) -> Plan:
         """Choose for request `rid`. room: the most draft tokens this round may hold; offers:
-        how many tokens each cheap drafter has on offer this round."""
-        offers = offers or {}
-        plain_g = (batch.expected + 1.0) / self._round_ms(None, 0, batch)
+        for each cheap drafter, the confidence of each token it has on offer (None where it
+        has none); lags: context tokens each drafter
+        must catch up on first; remaining: tokens the request may still emit; only: consider
+        just this drafter."""
+        offers, lags = offers or {}, lags or {}
+        plain_ms = self._round_ms(None, 0, batch)
+        plain_g = (batch.expected + 1.0) / plain_ms
         best = Plan(None, 0, 0, plain_g, plain_g, reason="plain decoding is expected fastest")
         passed_over: list[tuple[Drafter, int]] = []
         for d in self.drafters:
-            cap = min(room, offers.get(d.name, 0) if d.cheap else self.max_k)
-            if cap <= 0:
+            cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
+            if cap <= 0 or (only is not None and d.name != only):
                 continue
-            a = self._state[d.name].request_alpha(rid, cap)
-            g = self._goodputs(d.name, a, batch)
+            catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
+            st = self._state[d.name]
+            a = st.request_alpha(rid, cap)
+            if d.cheap:  # the offer's own confidences, calibrated, inform the estimate
+                a = [
+                    x if c is None else (x + st.calibration.predict(c)) / 2
+                    for x, c in zip(a, offers[d.name], strict=False)
+                ]
+            e = expected_tokens(a)
+            g = [
+                (batch.expected + e[m])
+                / (self._round_ms(d.name, m, batch) + catch_up * e[m] / max(remaining, 1))
+                if m
+                else plain_g
+                for m in range(len(e))
+            ]
             m = max(range(len(g)), key=g.__getitem__)
             if m > 0 and g[m] > best.expected_goodput:
-                e = expected_tokens(a)[m]
-                dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m
+                dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
-                best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e, dms, reason=reason)
-            else:
+                best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
+            elif catch_up <= plain_ms:
                 passed_over.append((d, cap))
         if best.drafter is None:
             best = self._probe(rid, passed_over, plain_g) or best
@@ -221,6 +243,22 @@ class Controller:
             st.requests.pop(rid, None)
             st.idle.pop(rid, None)
             st.gap.pop(rid, None)
+
+    def state(self) -> dict:
+        """What was learnt across requests, as JSON-able data."""
+        return {
+            name: {"alpha": st.alpha, "hits": st.calibration.hits, "seen": st.calibration.seen}
+            for name, st in self._state.items()
+        }
+
+    def load_state(self, data: dict) -> None:
+        for name, st in self._state.items():
+            d = data.get(name)
+            if d and len(d.get("hits", ())) == BINS and len(d.get("seen", ())) == BINS:
+                st.alpha = [float(x) for x in d["alpha"]]
+                st.calibration = _Calibration(
+                    [float(x) for x in d["hits"]], [float(x) for x in d["seen"]]
+                )
 
     def set_prior(self, drafter: str, alpha: Sequence[float]) -> None:
         """Start new requests of `drafter` from these α by position (e.g. from earlier runs)."""

@@ -116,7 +116,12 @@ def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
 def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16) -> CostModel:
     """Calibrate now: the target's curve for 1..max_tokens tokens, each drafter's ms/token."""
     curve = measure_curve(target, sizes=range(1, max_tokens + 1))
-    return CostModel(curve, {d.name: d.measure_cost() for d in drafters})
+    measured = {d.name: d.measure_cost() for d in drafters}
+    return CostModel(
+        curve,
+        {name: per_token for name, (per_token, _) in measured.items()},
+        catch_up_ms_per_token={name: catch for name, (_, catch) in measured.items()},
+    )
 
 
 def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
@@ -126,7 +131,7 @@ def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
 
     path = home() / "costs" / f"{cache_key(target, drafters)}.json"
     model = CostModel.load(path)
-    if model is None or any(d.name not in model.draft_ms_per_token for d in drafters):
+    if model is None or any(d.name not in model.catch_up_ms_per_token for d in drafters):
         print(
             "specwise: measuring forward costs once for this model pair and machine...",
             file=sys.stderr,
@@ -143,6 +148,7 @@ class CostModel:
     target: CostCurve
     draft_ms_per_token: dict[str, float] = field(default_factory=dict)
     overhead_ms: float = 0.5
+    catch_up_ms_per_token: dict[str, float] = field(default_factory=dict)
 
     def observe_verify(self, tokens: int, ms: float) -> None:
         self.target.observe(tokens, ms)
@@ -162,6 +168,7 @@ class CostModel:
             "target": {str(n): v for n, v in self.target.ms.items()},
             "draft_ms_per_token": self.draft_ms_per_token,
             "overhead_ms": self.overhead_ms,
+            "catch_up_ms_per_token": self.catch_up_ms_per_token,
         }
 
     @classmethod
@@ -170,6 +177,9 @@ class CostModel:
             target=CostCurve({int(n): float(v) for n, v in data["target"].items()}),
             draft_ms_per_token={k: float(v) for k, v in data["draft_ms_per_token"].items()},
             overhead_ms=float(data["overhead_ms"]),
+            catch_up_ms_per_token={
+                k: float(v) for k, v in data.get("catch_up_ms_per_token", {}).items()
+            },
         )
 
     def save(self, path: Path) -> None:

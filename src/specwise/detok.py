@@ -66,13 +66,18 @@ class Detokenizer:
                     break
         return held
 
-    def take(self, final: bool = False) -> str:
-        """The text not handed out yet that is safe to show; with `final`, all of it (a trailing
-        incomplete character included, as the replacement character)."""
-        if final and not self.stopped and self._read < len(self._ids):
+    def flush(self) -> None:
+        """Generation is over: decode what is still pending (an incomplete character becomes
+        the replacement character)."""
+        if not self.stopped and self._read < len(self._ids):
             before = self._tok.decode(self._ids[self._prefix : self._read])
             self._text += self._tok.decode(self._ids[self._prefix :])[len(before) :]
             self._prefix = self._read = len(self._ids)
+
+    def take(self, final: bool = False) -> str:
+        """The text not handed out yet that is safe to show; with `final`, all of it."""
+        if final:
+            self.flush()
         end = len(self._text) if final else len(self._text) - self._held()
         if end <= self._sent:
             return ""

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,9 +59,13 @@ class Request:
     n_prompt: int
     detok: Detokenizer | None
     rounds: list[RoundTrace] = field(default_factory=list)
-    prefill_ms: float = 0.0
+    prefill_ms: float = 0.0  # the target's
+    draft_prefill_ms: float = 0.0  # the drafters' (begin)
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     drafter_errors: dict[str, str] = field(default_factory=dict)  # failed drafters, not used again
+    lag: int = 0  # context tokens this round's drafter had to catch up on
+    k: int | str | None = None  # this request's own k (None: the engine's)
+    only: str | None = None  # this request's only drafter (None: any of the engine's)
     ended: float | None = None
 
     @property
@@ -89,7 +95,9 @@ class Engine:
     """Engine(target, drafter=None, k=4): speculative decoding over one target LM.
 
     drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
-    "auto" for the goodput controller (calibrated once per machine and model pair)."""
+    "auto" for the goodput controller (calibrated once per machine and model pair). With
+    remember=True an auto engine keeps what its controller learns across requests in
+    $SPECWISE_HOME/controller and starts from it next time."""
 
     def __init__(
         self,
@@ -99,6 +107,7 @@ class Engine:
         *,
         trace: JsonlSink | None = None,
         controller: Controller | None = None,
+        remember: bool = True,
     ) -> None:
         drafters = (
             []
@@ -121,13 +130,30 @@ class Engine:
         for d in drafters:
             d.bind(target)
         self.controller: Controller | None = None
+        self._memory = None  # where the controller's learning is kept between processes
         if auto and drafters:
             if controller is None:
-                from specwise.costs import calibrated
+                from specwise.costs import cache_key, calibrated
+                from specwise.models import home
 
                 controller = Controller(drafters, calibrated(target, drafters))
+                if remember:
+                    self._memory = home() / "controller" / f"{cache_key(target, drafters)}.json"
+                    with contextlib.suppress(OSError, ValueError):
+                        controller.load_state(json.loads(self._memory.read_text()))
             self.controller = controller
         self._seq_ids = itertools.count()
+
+    def _save_learning(self) -> None:
+        if self._memory is None:
+            return
+        try:
+            self._memory.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._memory.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.controller.state()))
+            os.replace(tmp, self._memory)
+        except OSError as exc:  # learning is a bonus; never fail a request for it
+            log.warning("could not save the controller's learning: %s", exc)
 
     @property
     def drafter(self) -> Drafter | None:
@@ -142,9 +168,13 @@ class Engine:
         *,
         request_id: str | None = None,
         arrival: float | None = None,
+        k: int | str | None = None,
+        drafter: str | None = None,
     ) -> Request:
-        """Validate a request, prefill the target (and drafter), and return it ready to step."""
+        """Validate a request, prefill the target (and drafters), and return it ready to step.
+        `k` and `drafter` override the engine's choice for this request only."""
         arrival = time.perf_counter() if arrival is None else arrival
+        self.check_override(k, drafter)
         prompt = [int(t) for t in prompt]
         ctx = self.target.context_length
         if not prompt:
@@ -173,18 +203,25 @@ class Engine:
             context=prompt,
             n_prompt=len(prompt),
             detok=None if tok is None else Detokenizer(tok, params.stop, prompt[-4:]),
+            k=k,
+            only=drafter,
         )
         t0 = time.perf_counter()
         try:
             if len(prompt) > 1:
                 self.target.forward([(seq, prompt[:-1])], last_only=True)
-            if self.k != 0:
-                for d in self.drafters:
+            t1 = time.perf_counter()
+            # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
+            # controller first picks them: a request that never uses one does not pay for it.
+            k_req = self.k if k is None else k
+            for d in self._allowed(req):
+                if k_req != 0 and (k_req != "auto" or d.cheap):
                     self._drafter_call(req, d, d.begin, seq, prompt)
         except BaseException:
             self.target.release(seq)
             raise
-        req.prefill_ms = (time.perf_counter() - t0) * _ms
+        req.prefill_ms = (t1 - t0) * _ms
+        req.draft_prefill_ms = (time.perf_counter() - t1) * _ms
         return req
 
     def finish(self, req: Request) -> GenerationResult:
@@ -196,12 +233,18 @@ class Engine:
                 d.end(req.seq)
             if self.controller is not None:
                 self.controller.forget(req.id)
+                self._save_learning()
         if req.finish_reason is None:
             req.finish_reason = "cancelled"
         total_ms = (req.ended - req.arrival) * _ms
-        summary = summarize(req.rounds, total_ms=total_ms, prefill_ms=req.prefill_ms)
+        summary = summarize(
+            req.rounds,
+            total_ms=total_ms,
+            prefill_ms=req.prefill_ms,
+            draft_prefill_ms=req.draft_prefill_ms,
+        )
         if req.detok is not None:
-            req.detok.take(final=True)
+            req.detok.flush()
         return GenerationResult(
             request_id=req.id,
             tokens=req.tokens,
@@ -252,27 +295,59 @@ class Engine:
                 d.end(req.seq)
             return None
 
+    def check_override(self, k: int | str | None, drafter: str | None) -> None:
+        """Raise ValueError unless this engine can honour a request's own k and drafter."""
+        names = [d.name for d in self.drafters]
+        if drafter is not None and drafter not in names:
+            raise ValueError(
+                f"speculative.drafter {drafter!r} is not available; available: "
+                f"{', '.join(names) or 'none (this engine decodes plainly)'}"
+            )
+        if k is None:
+            return
+        if k == "auto":
+            if self.controller is None:
+                raise ValueError("speculative.k 'auto' needs an engine started with k='auto'")
+        elif isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 32:
+            raise ValueError(f"speculative.k = {k!r} is invalid; use an integer 0..32 or 'auto'")
+        elif k > 0 and not self.drafters:
+            raise ValueError("speculative.k > 0 needs a drafter, and this engine has none")
+
+    def _allowed(self, r: Request) -> list[Drafter]:
+        return [d for d in self.drafters if r.only is None or d.name == r.only]
+
     def _propose(self, r: Request, batch: Batch) -> tuple[Drafter | None, Draft, Plan | None]:
-        """Step 1 for one request: who drafts, and the draft."""
+        """Step 1 for one request: who drafts, and the draft (its caught-up lag is noted in
+        `r.lag`, so a catch-up is not mistaken for the cost of drafting)."""
         room = self._room(r)
         none = Draft([], None)
-        if self.controller is None:
-            d = self.drafter
-            k = min(int(self.k), room)
+        k_req = self.k if r.k is None else r.k
+        allowed = self._allowed(r)
+        if k_req != "auto":
+            d = allowed[0] if allowed else None
+            k = min(int(k_req), room)
             if d is None or k <= 0:
                 return None, none, None
             draft = self._drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
             return d, draft or none, None
         # Cheap drafters propose first; the controller then picks a drafter and length.
         offers: dict[str, Draft] = {}
-        for d in self.drafters:
+        for d in allowed:
             if d.cheap and room > 0:
                 got = self._drafter_call(
                     r, d, d.propose, r.seq, r.context, min(room, CHEAP_MAX_K), r.params, r.sampler
                 )
                 offers[d.name] = got or none
+        lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
+        confidences = {n: o.confidence or [None] * len(o.tokens) for n, o in offers.items()}
         plan = self.controller.plan(
-            r.id, room, batch, {n: len(o.tokens) for n, o in offers.items()}
+            r.id,
+            room,
+            batch,
+            confidences,
+            lags,
+            remaining=r.params.max_tokens - len(r.tokens),
+            only=r.only,
         )
         d = plan.drafter
         if d is None or d.name in r.drafter_errors:
@@ -298,6 +373,7 @@ class Engine:
         chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
         others = Batch(tokens=len(live), expected=float(len(live)))  # all plain, to start
         for r in live:
+            r.lag = 0
             others = Batch(others.tokens - 1, others.expected - 1.0, others.draft_ms)
             t = time.perf_counter()
             d, draft, plan = self._propose(r, others)
@@ -342,8 +418,8 @@ class Engine:
             costs = self.controller.costs
             costs.observe_verify(sum(len(toks) for _, toks in calls), verify_ms)
             costs.observe_overhead(overhead_ms)
-            for d, draft, _, ms in chosen:
-                if d is not None and not d.cheap:
+            for r, (d, draft, _, ms) in zip(live, chosen, strict=True):
+                if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round
                     costs.observe_draft(d.name, len(draft.tokens), ms)
         for r, (d, draft, plan, _), (verdict, emitted) in zip(live, chosen, verdicts, strict=True):
             rt = RoundTrace(

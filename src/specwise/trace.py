@@ -131,7 +131,8 @@ class RequestSummary:
     ttft_ms: float | None
     continuation_tokens_per_s: float | None
     total_ms: float
-    prefill_ms: float
+    prefill_ms: float  # the target's prompt prefill
+    draft_prefill_ms: float  # the drafters' prompt prefill (0 when lazy or none)
     emitted: int
     rounds: int
     proposed: int
@@ -160,6 +161,7 @@ def summarize(
     total_ms: float,
     prefill_ms: float = 0.0,
     peak_rss: float | None = None,
+    draft_prefill_ms: float = 0.0,
 ) -> RequestSummary:
     """The figures of one request from its rounds (definitions in the module docstring)."""
     emitted = sum(r.emitted for r in rounds)
@@ -178,6 +180,7 @@ def summarize(
         continuation_tokens_per_s=continuation,
         total_ms=total_ms,
         prefill_ms=prefill_ms,
+        draft_prefill_ms=draft_prefill_ms,
         emitted=emitted,
         rounds=len(rounds),
         proposed=proposed,

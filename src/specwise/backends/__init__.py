@@ -13,8 +13,14 @@ __all__ = ["BACKENDS", "load"]
 BACKENDS = ("torch", "llama_cpp")
 
 
-def load(model: str | Path, backend: str | None = None, threads: int | None = None) -> LM:
-    """An LM for `model`: a path, or a catalog name (see `specwise models list`)."""
+def load(
+    model: str | Path,
+    backend: str | None = None,
+    threads: int | None = None,
+    max_sequences: int = 4,
+) -> LM:
+    """An LM for `model`: a path, or a catalog name (see `specwise models list`).
+    max_sequences: sequences one llama.cpp context serves at once."""
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is unknown; use one of: {', '.join(BACKENDS)}")
     path = Path(model)
@@ -32,4 +38,4 @@ def load(model: str | Path, backend: str | None = None, threads: int | None = No
         return TorchLM(path)
     from specwise.backends.llama_cpp import LlamaCppLM
 
-    return LlamaCppLM(path, threads=threads)
+    return LlamaCppLM(path, threads=threads, max_sequences=max_sequences)

@@ -1,7 +1,9 @@
 """`LlamaCppLM`: GGUF models on llama.cpp through llama-cpp-python's low-level API.
 
 One llama context serves several sequences: each specwise sequence id is mapped to a llama
-sequence slot on its first forward and freed by `release`. `forward` puts every (sequence,
+sequence slot on its first forward and freed by `release`. Each slot has its own KV stream
+(`kv_unified = false`), so a sequence's cache cells, and therefore its logits, do not depend on
+what other sequences did before or beside it: batched output equals solo output exactly. `forward` puts every (sequence,
 tokens) pair of a batch into ONE `llama_decode` call (split only where a call would exceed
 `n_batch` tokens) and copies out just the logits rows asked for. `truncate` removes the cache
 cells past the kept length (`llama_memory_seq_rm`), so rollback costs no recomputation.
@@ -19,6 +21,7 @@ import ctypes
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -193,7 +196,7 @@ class LlamaCppLM:
         cparams.n_seq_max = max_sequences
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
-        cparams.kv_unified = True
+        cparams.kv_unified = False  # one KV stream per slot: see the module docstring
         cparams.no_perf = True
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -212,6 +215,7 @@ class LlamaCppLM:
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
         self._free = list(range(max_sequences - 1, -1, -1))
         self._lengths: dict[int, int] = {}
+        self.copy_ms = 0.0  # total time spent copying logits out of llama.cpp (for profiling)
 
     # -- LM protocol -------------------------------------------------------------------------
     def _slot(self, seq: int) -> int:
@@ -253,9 +257,11 @@ class LlamaCppLM:
                 why = "no room in the KV cache" if rc == 1 else "see the llama.cpp log"
                 raise RuntimeError(f"llama_decode failed with code {rc} ({why})")
             if outputs:
+                t = time.perf_counter()
                 ptr = lib.llama_get_logits(self._ctx)
                 # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
                 got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
+                self.copy_ms += (time.perf_counter() - t) * 1000.0
                 j = 0
                 while j < len(outputs):  # rows of one entry are consecutive
                     e, k = outputs[j], j

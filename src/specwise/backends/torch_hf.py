@@ -130,9 +130,20 @@ class TorchLM:
     def forward(
         self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
     ) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        before = {seq: self._lengths.get(seq, 0) for seq, _ in batch}
+        try:
+            self._forward_each(batch, last_only, out)
+        except BaseException:  # all or nothing: undo the sequences already fed
+            for seq, n in before.items():
+                if self._lengths.get(seq, 0) > n:
+                    self.truncate(seq, n)
+            raise
+        return out
+
+    def _forward_each(self, batch, last_only: bool, out: list[np.ndarray]) -> None:
         from transformers import DynamicCache
 
-        out = []
         with torch.inference_mode():
             for seq, tokens in batch:
                 n = len(tokens)
@@ -157,7 +168,6 @@ class TorchLM:
                 self._lengths[seq] = have + n
                 logits = res.logits[0].float().numpy()  # [n or 1, V]
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
-        return out
 
     def length(self, seq: int) -> int:
         return self._lengths.get(seq, 0)

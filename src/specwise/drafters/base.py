@@ -73,8 +73,13 @@ class Drafter(Protocol):
 
     def end(self, seq: int) -> None: ...
 
-    def measure_cost(self) -> float:
-        """Milliseconds per proposed token, measured now (for the controller's cost model)."""
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        """Context tokens the drafter must process before it can draft (0 when in step)."""
+        ...
+
+    def measure_cost(self) -> tuple[float, float]:
+        """Measured now, for the controller's cost model: (ms per proposed token, ms per
+        context token caught up)."""
         ...
 
 

@@ -65,6 +65,8 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return Draft([], None)
+        if self.lm.length(seq) > len(context):  # a failed round left drafts behind: drop them
+            self.lm.truncate(seq, len(context))
         feed = list(context[self.lm.length(seq) :])  # catch up: at least the last token
         tokens: list[int] = []
         qs: list[np.ndarray] = []
@@ -94,7 +96,11 @@ class ModelDrafter:
         self._base.pop(seq, None)
         self.lm.release(seq)
 
-    def measure_cost(self) -> float:
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        return max(0, len(context) - 1 - self.lm.length(seq))
+
+    def measure_cost(self) -> tuple[float, float]:
         from specwise.costs import measure_curve
 
-        return measure_curve(self.lm, sizes=[1], repeats=5).ms[1]
+        curve = measure_curve(self.lm, sizes=[1, 64], repeats=3)
+        return curve.ms[1], curve.ms[64] / 64

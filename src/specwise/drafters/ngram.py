@@ -1,9 +1,11 @@
 """`NgramDrafter`: prompt lookup. Match the last n tokens of the context against earlier text
 (prompt and output) and propose what followed the most recent match, longest n first.
 
-Drafts are point masses (`probs=None`): the tokens are copied, not sampled. The index is
-updated incrementally, so a propose costs O(n + k) however long the context is. Needs no model
-and no tokenizer; it learns nothing across requests.
+Drafts are point masses (`probs=None`): the tokens are copied, not sampled. Each token's
+confidence is the match length n scaled to (0, 1) — n / (max_ngram + 1) — a score, not a
+probability: the controller calibrates it against observed acceptance. The index is updated
+incrementally, so a propose costs O(n + k) however long the context is. Needs no model and no
+tokenizer; it learns nothing across requests.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class NgramDrafter:
     name = "ngram"
     cheap = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"n-gram sizes min_ngram={min_ngram}, max_ngram={max_ngram} are invalid; "
@@ -92,7 +94,8 @@ class NgramDrafter:
         if n == 0:
             return Draft([], None)
         toks = self._seqs[seq].tokens
-        return Draft(list(toks[start : start + k]), None)
+        out = list(toks[start : start + k])
+        return Draft(out, None, [n / (self.max_ngram + 1)] * len(out))
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
         return None
@@ -100,7 +103,10 @@ class NgramDrafter:
     def end(self, seq: int) -> None:
         self._seqs.pop(seq, None)
 
-    def measure_cost(self) -> float:
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        return 0
+
+    def measure_cost(self) -> tuple[float, float]:
         rng = np.random.default_rng(0)
         context = [int(t) for t in rng.integers(0, 50, size=2000)]
         seq = -3  # never an engine sequence
@@ -110,4 +116,4 @@ class NgramDrafter:
         for i in range(20):
             self.propose(seq, context[: 1500 + i], 8, _GREEDY, None)
         self.end(seq)
-        return (time.perf_counter() - t) * 1000.0 / (20 * 8)
+        return (time.perf_counter() - t) * 1000.0 / (20 * 8), 0.0

@@ -1,0 +1,249 @@
+"""`specwise bench backend`: the backend's own numbers, measured side by side in one process.
+
+1. Plain decoding: specwise's round loop vs llama-cpp-python's own high-level generation
+   (`Llama.create_completion`) on the same GGUF, threads and prompt tokens, greedy, interleaved,
+   medians after a warm-up. Where their greedy tokens part, the target's top-2 logit gap there
+   is reported (they batch the prompt differently, so near-ties can round either way).
+2. Where a round's time goes: the forward (llama_decode), the logits copy, warping, the
+   acceptance rule, and the rest (rollback, stop checks, bookkeeping), for plain and
+   speculative rounds, greedy and sampled.
+3. The cost curves: target and draft forward time for 1..16 tokens in one call.
+
+Timers wrap library functions only for the duration of the measurement; nothing here changes
+how specwise decodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specwise import engine as engine_mod
+from specwise import sampling as sampling_mod
+from specwise.backends.base import LM
+from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
+from specwise.costs import measure_curve
+from specwise.detok import Detokenizer
+from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.engine import Engine
+from specwise.sampling import SamplingParams
+
+__all__ = ["run_backend_bench"]
+
+PROMPTS = [
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a JavaScript function that debounces another function.",
+    "Explain what a Python generator is, with a short example.",
+    "Write a SQL query that returns the ten customers with the highest total order value.",
+    "Refactor this function to use a dictionary instead of the if/elif chain:\n\n"
+    "def color(code):\n    if code == 1:\n        return 'red'\n    elif code == 2:\n"
+    "        return 'green'\n    elif code == 3:\n        return 'blue'\n    return 'unknown'\n",
+]
+
+
+@contextlib.contextmanager
+def _timers(names: dict[str, tuple[object, str]]):
+    """Accumulate the wall time of each wrapped attribute into a dict (ms)."""
+    acc = dict.fromkeys(names, 0.0)
+    saved = []
+    for key, (owner, attr) in names.items():
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
+
+        def wrapped(*a, _fn=fn, _key=key, **kw):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                acc[_key] += (time.perf_counter() - t) * 1000.0
+
+        setattr(owner, attr, wrapped)
+    try:
+        yield acc
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+
+
+def _llama_cpp_python(target: LM):
+    """llama-cpp-python's high-level Llama on the same file and threads."""
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=target.info.model,
+        n_ctx=4096,
+        n_threads=target.info.threads,
+        n_threads_batch=target.info.threads,
+        n_batch=512,
+        verbose=False,
+    )
+
+
+def plain_vs_llama_cpp_python(target: LM, max_tokens: int, repeats: int) -> dict:
+    llm = _llama_cpp_python(target)
+    eng = Engine(target)
+    params = SamplingParams(max_tokens=max_tokens)
+    prompts = [target.tokenizer.render_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+
+    def ours(ids: list[int]) -> tuple[int, list[int], float]:
+        t = time.perf_counter()
+        res = eng.generate(ids, params)
+        return len(res.tokens), res.tokens, time.perf_counter() - t
+
+    def theirs(ids: list[int]) -> tuple[int, list[int], float]:
+        llm.reset()
+        t = time.perf_counter()
+        out = llm.create_completion(
+            ids,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_k=1,
+            top_p=1.0,
+            min_p=0.0,
+            repeat_penalty=1.0,
+        )
+        dt = time.perf_counter() - t
+        toks = target.tokenizer.encode(out["choices"][0]["text"], add_special=False)
+        return out["usage"]["completion_tokens"], toks, dt
+
+    ours(prompts[0][:64])  # warm-up both
+    theirs(prompts[0][:64])
+    noise = numeric_noise(target, prompts[0])
+    near_tie = NEAR_TIE_FACTOR * noise["top2_gap"]
+    speed: dict[str, list[float]] = {"ours": [], "theirs": []}
+    checks = []
+    for rep in range(repeats):
+        for i, ids in enumerate(prompts):
+            runs = [("ours", ours), ("theirs", theirs)]
+            if (rep + i) % 2:
+                runs.reverse()  # alternate who goes first
+            toks = {}
+            for who, fn in runs:
+                n, out, dt = fn(ids)
+                speed[who].append(n / dt)
+                toks[who] = out
+            if rep == 0:  # the same greedy tokens, or a divergence at a near-tie?
+                n = min(len(toks["ours"]), len(toks["theirs"]))
+                checks.append(
+                    greedy_divergence(target, ids, toks["ours"][:n], toks["theirs"][:n], near_tie)
+                )
+    return {
+        "specwise_tokens_per_s": float(np.median(speed["ours"])),
+        "llama_cpp_python_tokens_per_s": float(np.median(speed["theirs"])),
+        "ratio": float(np.median(speed["ours"]) / np.median(speed["theirs"])),
+        "same_tokens": f"{sum(c['match'] for c in checks)}/{len(checks)}",
+        "divergence_top2_gaps": [round(c["top2_gap"], 3) for c in checks if not c["match"]],
+        "all_divergences_near_ties": all(c["near_tie"] for c in checks if not c["match"]),
+        "numeric_noise": noise,
+        "samples": len(speed["ours"]),
+    }
+
+
+def round_breakdown(target: LM, draft: LM | None, max_tokens: int) -> dict:
+    """Per-round ms: forward, logits copy, warping, acceptance rule, the rest."""
+    ids = target.tokenizer.render_chat([{"role": "user", "content": PROMPTS[4]}])
+    setups = {
+        "plain greedy": (None, 0, 0.0),
+        "plain T=0.7": (None, 0, 0.7),
+        "ngram k=4 greedy": (NgramDrafter(), 4, 0.0),
+        "ngram k=4 T=0.7": (NgramDrafter(), 4, 0.7),
+    }
+    if draft is not None:
+        setups["model k=4 T=0.7"] = (ModelDrafter(draft), 4, 0.7)
+    out = {}
+    for name, (drafter, k, temp) in setups.items():
+        eng = Engine(target, drafter, k=k)
+        params = SamplingParams(temperature=temp, seed=1, max_tokens=max_tokens)
+        eng.generate(ids[:32], SamplingParams(max_tokens=4))  # warm-up
+        copy0 = getattr(target, "copy_ms", 0.0)
+        with _timers(
+            {
+                "warp": (sampling_mod.LazyRows, "__getitem__"),
+                "rule": (engine_mod.Engine, "_verify"),
+                "detok": (Detokenizer, "push"),
+            }
+        ) as t:
+            res = eng.generate(ids, params)
+        n = len(res.rounds)
+        s = res.summary
+        copy = (getattr(target, "copy_ms", 0.0) - copy0) / n
+        round_ms = (s.draft_ms + s.verify_ms + s.overhead_ms) / n
+        rule = (t["rule"] - t["warp"]) / n
+        rest = s.overhead_ms / n - t["rule"] / n - t["detok"] / n
+        out[name] = {
+            "round_ms": round_ms,
+            "draft_ms": s.draft_ms / n,
+            "forward_ms": s.verify_ms / n - copy,
+            "logits_copy_ms": copy,
+            "warp_ms": t["warp"] / n,
+            "rule_ms": rule,
+            "detok_ms": t["detok"] / n,
+            "bookkeeping_ms": rest,
+            "overhead_ms": s.overhead_ms / n + copy,
+            "overhead_share": (s.overhead_ms / n + copy) / round_ms,
+            "rounds": n,
+        }
+    return out
+
+
+def run_backend_bench(target: LM, draft: LM | None, a) -> int:
+    out_dir = (
+        Path(a.out)
+        if a.out
+        else Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + "-backend")
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print("1/3 plain decoding: specwise vs llama-cpp-python ...", file=sys.stderr)
+    plain = plain_vs_llama_cpp_python(target, a.max_tokens, a.repeats)
+    print("2/3 where a round's time goes ...", file=sys.stderr)
+    breakdown = round_breakdown(target, draft, a.max_tokens)
+    print("3/3 cost curves ...", file=sys.stderr)
+    curves = {"target": measure_curve(target, range(1, 17), repeats=5).ms}
+    if draft is not None:
+        curves["draft"] = measure_curve(draft, range(1, 17), repeats=5).ms
+    result = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "target": target.info.model,
+        "draft": None if draft is None else draft.info.model,
+        "threads": target.info.threads,
+        "max_tokens": a.max_tokens,
+        "plain": plain,
+        "round_breakdown": breakdown,
+        "cost_curves": curves,
+    }
+    lines = [
+        f"plain decoding, greedy, {a.max_tokens} tokens, {plain['samples']} runs each "
+        f"(medians): specwise {plain['specwise_tokens_per_s']:.2f} tokens/s, "
+        f"llama-cpp-python {plain['llama_cpp_python_tokens_per_s']:.2f} tokens/s "
+        f"-> {plain['ratio']:.3f}x; same tokens {plain['same_tokens']} (top-2 logit gaps where "
+        f"they part: {plain['divergence_top2_gaps']}; batched-vs-single noise in a top-2 gap: "
+        f"{plain['numeric_noise']['top2_gap']:.3f})",
+        "",
+        f"{'round':18} {'round ms':>8} {'draft':>7} {'forward':>8} {'copy':>6} {'warp':>6} "
+        f"{'rule':>6} {'detok':>6} {'rest':>6} {'overhead %':>10}",
+    ]
+    for name, b in breakdown.items():
+        lines.append(
+            f"{name:18} {b['round_ms']:8.2f} {b['draft_ms']:7.2f} {b['forward_ms']:8.2f} "
+            f"{b['logits_copy_ms']:6.2f} {b['warp_ms']:6.2f} {b['rule_ms']:6.2f} "
+            f"{b['detok_ms']:6.2f} {b['bookkeeping_ms']:6.2f} {100 * b['overhead_share']:10.1f}"
+        )
+    lines.append("")
+    for who, c in curves.items():
+        base = c[1]
+        lines.append(
+            f"{who} forward ms (x of 1 token): "
+            + " ".join(f"{n}:{v:.0f}({v / base:.2f})" for n, v in sorted(c.items()))
+        )
+    text = "\n".join(lines)
+    (out_dir / "backend.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "backend.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nresults: {out_dir}")
+    print(json.dumps(result, separators=(",", ":")))
+    return 0

@@ -1,0 +1,215 @@
+"""`specwise bench load`: a load generator for any OpenAI-compatible server.
+
+For each concurrency level (and each speculation setting, when the server is specwise), N chat
+requests run with that many in flight. Per request: TTFT (streaming only: time to the first
+content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
+latency percentiles, aggregate throughput (completion tokens over the level's wall time) and
+errors. Settings of one level run back to back, so their numbers are side by side. Talks HTTP
+only; it knows nothing of specwise's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+__all__ = ["LoadOptions", "run_load"]
+
+
+@dataclass
+class LoadOptions:
+    url: str
+    model: str | None
+    concurrency: list[int]
+    requests: int
+    prompts: list[str]
+    stream: bool
+    max_tokens: int
+    ks: list[int | str | None]  # None: send no `speculative` field (any server)
+    api_key: str | None
+    out: Path
+    timeout_s: float = 600.0
+
+
+def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": opts.max_tokens,
+        "temperature": 0.0,
+        "stream": opts.stream,
+    }
+    if opts.model:
+        body["model"] = opts.model
+    if opts.stream:
+        body["stream_options"] = {"include_usage": True}
+    if k is not None:
+        body["speculative"] = {"k": k}
+    t0 = time.perf_counter()
+    first = None
+    tokens = chunks = 0
+    try:
+        if not opts.stream:
+            r = client.post("/chat/completions", json=body)
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}", "latency_s": time.perf_counter() - t0}
+            tokens = r.json().get("usage", {}).get("completion_tokens", 0)
+        else:
+            with client.stream("POST", "/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    return {"error": f"HTTP {r.status_code}", "latency_s": time.perf_counter() - t0}
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    obj = json.loads(line[6:])
+                    if obj.get("usage"):
+                        tokens = obj["usage"].get("completion_tokens", tokens)
+                    for ch in obj.get("choices", []):
+                        if (ch.get("delta") or {}).get("content"):
+                            chunks += 1
+                            if first is None:
+                                first = time.perf_counter()
+    except httpx.HTTPError as exc:
+        return {"error": type(exc).__name__, "latency_s": time.perf_counter() - t0}
+    end = time.perf_counter()
+    tokens = tokens or chunks
+    out = {"latency_s": end - t0, "tokens": tokens, "ttft_s": None, "continuation_tps": None}
+    if first is not None:
+        out["ttft_s"] = first - t0
+        if tokens > 1 and end > first:
+            out["continuation_tps"] = (tokens - 1) / (end - first)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def _level(opts: LoadOptions, concurrency: int, k) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    base = opts.url.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+    with (
+        httpx.Client(base_url=base, headers=headers, timeout=opts.timeout_s) as client,
+        ThreadPoolExecutor(concurrency) as pool,
+    ):
+        t0 = time.perf_counter()
+        results = list(
+            pool.map(
+                lambda i: _one(client, opts, opts.prompts[i % len(opts.prompts)], k),
+                range(opts.requests),
+            )
+        )
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if "error" not in r]
+    lat = [r["latency_s"] for r in ok]
+    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    cont = [r["continuation_tps"] for r in ok if r["continuation_tps"] is not None]
+    return {
+        "concurrency": concurrency,
+        "k": k,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_kinds": sorted({r["error"] for r in results if "error" in r}),
+        "throughput_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+        "latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99)},
+        "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
+        "continuation_tokens_per_s": {"p50": _pct(cont, 50), "p10": _pct(cont, 10)},
+        "wall_s": wall,
+    }
+
+
+def _plots(levels: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, ylabel, fname in (
+        ("throughput_tokens_per_s", "aggregate tokens/s", "throughput.png"),
+        ("latency_s", "p50 latency (s)", "latency.png"),
+        ("ttft_s", "p50 TTFT (s)", "ttft.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        for k in dict.fromkeys(lv["k"] for lv in levels):
+            pts = [
+                (lv["concurrency"], lv[key] if key == "throughput_tokens_per_s" else lv[key]["p50"])
+                for lv in levels
+                if lv["k"] == k
+            ]
+            pts = [p for p in pts if p[1] is not None]
+            if pts:
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker="o",
+                    label="server default" if k is None else f"k={k}",
+                )
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=90)
+        plt.close(fig)
+        paths.append(out / fname)
+    return paths
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def run_load(opts: LoadOptions, stream=sys.stdout) -> list[dict]:
+    from tqdm import tqdm
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    levels = []
+    with tqdm(
+        total=len(opts.concurrency) * len(opts.ks), desc="load", unit="level", file=sys.stderr
+    ) as bar:
+        for c in opts.concurrency:
+            for k in opts.ks:
+                bar.set_postfix_str(f"concurrency {c} k={k}")
+                levels.append(_level(opts, c, k))
+                bar.update(1)
+    lines = [
+        f"{'conc':>4} {'k':>5} {'tok/s':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
+        f"{'TTFT p50':>8} {'cont. tok/s p50':>15} {'errors':>6}"
+    ]
+    for lv in levels:
+        lines.append(
+            f"{lv['concurrency']:>4} {lv['k'] if lv['k'] is not None else '-'!s:>5} "
+            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['latency_s']['p50']):>7} "
+            f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
+            f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['continuation_tokens_per_s']['p50']):>15} "
+            f"{lv['errors']:>6}"
+        )
+    table = "\n".join(lines)
+    result = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "url": opts.url,
+        "max_tokens": opts.max_tokens,
+        "stream": opts.stream,
+        "levels": levels,
+    }
+    (opts.out / "load.json").write_text(json.dumps(result, indent=1))
+    (opts.out / "report.md").write_text(
+        f"# specwise load report\n\nCommand: `{result['command']}`\n\n```\n{table}\n```\n"
+    )
+    plots = _plots(levels, opts.out)
+    print(table, file=stream)
+    print(
+        f"\nreport: {opts.out / 'report.md'} (plots: {', '.join(p.name for p in plots)})",
+        file=stream,
+    )
+    print(json.dumps(result, separators=(",", ":")), file=stream)
+    return levels

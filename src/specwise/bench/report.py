@@ -1,0 +1,321 @@
+"""Bench figures per (category, sampling, configuration), the recommendation, and the outputs:
+a table for people, `summary.json` and `report.md`.
+
+Every figure is computed by `specwise.trace` from the recorded rounds, or from the requests'
+summaries; this module adds only comparisons against plain decoding on the same prompts:
+
+- speedup: (Σ emitted / Σ decode ms) of the configuration over plain's, where decode ms is
+  a request's total time minus the target's prompt prefill — the prefill is the same work for
+  every configuration and, on a shared machine, the noisiest part; a draft model's own prefill
+  stays in (it is a cost of speculating);
+- speedup (median): the median over prompts of the per-prompt ratio of the same rates;
+- e2e speedup: the same with total time (prefill included), what a user waits for;
+- a 95% bootstrap interval of the speedup over prompts: speculation is recommended for a
+  category only when the interval's lower end is above 1 (it beats plain by more than the
+  measured noise).
+
+Acceptance figures are per configuration, i.e. at one k, and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specwise.trace import (
+    RoundTrace,
+    acceptance_per_position,
+    alpha_per_position,
+    choice_shares,
+    rejection_histogram,
+)
+
+__all__ = ["Report", "build"]
+
+BOOTSTRAP = 2000
+SAMPLED_Z = 3.0  # |z| above this flags a sampled configuration's distribution
+SAMPLED_MIN_N = 5  # prompt pairs needed before a sampled check can flag anything
+
+
+def _decode_ms(s: dict) -> float:
+    return s["total_ms"] - s["prefill_ms"]
+
+
+def _rate(records: list[dict], e2e: bool = False) -> float:
+    emitted = sum(r["summary"]["emitted"] for r in records)
+    ms = sum(r["summary"]["total_ms"] if e2e else _decode_ms(r["summary"]) for r in records)
+    return emitted / ms if ms else math.nan
+
+
+def _bootstrap(pairs: list[tuple[dict, dict]], seed: int = 0) -> tuple[float, float]:
+    """95% interval of the total speedup over prompts, resampling prompt pairs."""
+    if len(pairs) < 2:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    e = np.array([[a["summary"]["emitted"], b["summary"]["emitted"]] for a, b in pairs], float)
+    t = np.array([[_decode_ms(a["summary"]), _decode_ms(b["summary"])] for a, b in pairs], float)
+    idx = rng.integers(0, len(pairs), size=(BOOTSTRAP, len(pairs)))
+    es, ts = e[idx].sum(axis=1), t[idx].sum(axis=1)  # [B, 2]
+    ratios = (es[:, 0] / ts[:, 0]) / (es[:, 1] / ts[:, 1])
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -> dict[str, Any]:
+    s = [r["summary"] for r in records]
+    emitted = sum(x["emitted"] for x in s)
+    proposed = sum(x["proposed"] for x in s)
+    accepted = sum(x["accepted"] for x in s)
+    n_rounds = sum(x["rounds"] for x in s)
+    draft, verify, over = (sum(x[k] for x in s) for k in ("draft_ms", "verify_ms", "overhead_ms"))
+    spent = draft + verify + over
+    by_prompt = {(r["prompt_id"], r["repeat"]): r for r in plain}
+    pairs = [
+        (r, by_prompt[(r["prompt_id"], r["repeat"])])
+        for r in records
+        if (r["prompt_id"], r["repeat"]) in by_prompt
+    ]
+    ratios = [_rate([a]) / _rate([b]) for a, b in pairs]
+    fig = {
+        "requests": len(records),
+        "ttft_ms": float(
+            np.median([x["ttft_ms"] for x in s if x["ttft_ms"] is not None] or [math.nan])
+        ),
+        "continuation_tokens_per_s": float(
+            np.median(
+                [x["continuation_tokens_per_s"] for x in s if x["continuation_tokens_per_s"]]
+                or [math.nan]
+            )
+        ),
+        "total_ms": float(np.median([x["total_ms"] for x in s])),
+        "emitted": emitted,
+        "rounds": n_rounds,
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "mean_accepted_length": emitted / n_rounds if n_rounds else None,
+        "alpha_per_position": alpha_per_position(rounds),
+        "acceptance_per_position": acceptance_per_position(rounds),
+        "rejection_positions": rejection_histogram(rounds),
+        "draft_share": draft / spent if spent else None,
+        "verify_share": verify / spent if spent else None,
+        "overhead_share": over / spent if spent else None,
+        "draft_ms_per_round": draft / n_rounds if n_rounds else None,
+        "verify_ms_per_round": verify / n_rounds if n_rounds else None,
+        "overhead_ms_per_round": over / n_rounds if n_rounds else None,
+        "goodput_tokens_per_ms": emitted / spent if spent else None,
+        "speedup_total": _rate([a for a, _ in pairs]) / _rate([b for _, b in pairs])
+        if pairs
+        else None,
+        "speedup_e2e": (
+            _rate([a for a, _ in pairs], True) / _rate([b for _, b in pairs], True)
+            if pairs
+            else None
+        ),
+        "prefill_ms": float(np.median([x["prefill_ms"] for x in s])),
+        "draft_prefill_ms": float(np.median([x["draft_prefill_ms"] for x in s])),
+        "speedup_median": float(np.median(ratios)) if ratios else None,
+        "speedup_ci95": _bootstrap(pairs),
+        "peak_rss_mb": max(x["peak_rss_mb"] for x in s),
+        "choices": choice_shares(rounds),
+    }
+    checks = [r["check"] for r in records]
+    if checks and "match" in checks[0]:
+        bad = [c for c in checks if not c["match"]]
+        fig["greedy_match_rate"] = 1 - len(bad) / len(checks)
+        fig["divergences"] = [
+            {"position": c["position"], "top2_gap": c["top2_gap"], "near_tie": c["near_tie"]}
+            for c in bad
+        ]
+        fig["equivalence_ok"] = all(c["near_tie"] for c in bad)
+    elif checks:
+        by_prompt_lp = {(r["prompt_id"], r["repeat"]): r["check"]["mean_logprob"] for r in plain}
+        d = [
+            r["check"]["mean_logprob"] - by_prompt_lp[(r["prompt_id"], r["repeat"])]
+            for r in records
+            if (r["prompt_id"], r["repeat"]) in by_prompt_lp
+        ]
+        d = [x for x in d if not math.isnan(x)]
+        mean = float(np.mean(d)) if d else math.nan
+        se = float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+        z = mean / se if se and se > 0 else 0.0
+        fig["logprob_diff"] = {"mean": mean, "se": se, "z": z, "n": len(d)}
+        # Too few pairs give no usable noise estimate: then the check is reported, not judged.
+        fig["equivalence_ok"] = None if len(d) < SAMPLED_MIN_N else not abs(z) > SAMPLED_Z
+    return fig
+
+
+class Report:
+    """The aggregated run: figures[category][sampling][spec], plus 'all' over categories."""
+
+    def __init__(self, figures: dict, recommendation: dict, run: dict) -> None:
+        self.figures, self.recommendation, self.run = figures, recommendation, run
+
+    def summary(self) -> dict[str, Any]:
+        return {"run": self.run, "figures": self.figures, "recommendation": self.recommendation}
+
+    # -- text --------------------------------------------------------------------------------
+    def table(self) -> str:
+        lines = []
+        head = (
+            f"{'configuration':16} {'speedup':>8} {'95% CI':>11} {'median':>6} {'e2e':>5} "
+            f"{'acc.rate':>8} {'tau':>5} {'tok/ms':>7} {'TTFT ms':>8} {'draft%':>6} "
+            f"{'verify%':>7} {'equiv':>6}"
+        )
+        for cat, by_s in self.figures.items():
+            for sampling, by_spec in by_s.items():
+                lines.append(f"\n{cat} · {sampling}")
+                lines.append(head)
+                for spec, f in by_spec.items():
+                    lines.append(_row(spec, f))
+                rec = self.recommendation.get(cat, {}).get(sampling)
+                if rec:
+                    lines.append(f"→ {rec['text']}")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        out = [
+            "# specwise bench report",
+            "",
+            f"Command: `{self.run.get('command', '')}`",
+            "",
+            f"Target `{self.run.get('target')}`, draft `{self.run.get('draft')}`, "
+            f"{self.run.get('threads')} threads, max_tokens {self.run.get('max_tokens')}, "
+            f"repeats {self.run.get('repeats')}, {self.run.get('prompts')} prompts, "
+            f"{self.run.get('duration_s', 0):.0f} s.",
+            "",
+            "Speedup = tokens/s over plain decoding on the same prompts, measured side by side "
+            "in one process, on decode time (total minus the target's prompt prefill, which "
+            "is the same work for every configuration; a draft model's prefill counts "
+            "against it); e2e = the same on total time. Acceptance rate = Σ accepted / "
+            "Σ proposed at that configuration's k; τ = emitted per round; tok/ms = goodput "
+            "(emitted per ms of rounds). Equivalence: greedy = token-for-token match with "
+            "plain (or a near-tie divergence); sampled = paired difference of the target's "
+            "mean log-probability, |z| <= 3.",
+            "",
+        ]
+        for cat, by_s in self.figures.items():
+            for sampling, by_spec in by_s.items():
+                out += [
+                    f"## {cat} · {sampling}",
+                    "",
+                    "| configuration | speedup | 95% CI | median | e2e | acceptance rate | τ | "
+                    "α by position | tok/ms | TTFT ms | draft / verify / overhead | equivalence |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                ]
+                for spec, f in by_spec.items():
+                    out.append(_md_row(spec, f))
+                rec = self.recommendation.get(cat, {}).get(sampling)
+                if rec:
+                    out += ["", f"**Recommendation:** {rec['text']}"]
+                out.append("")
+        return "\n".join(out)
+
+    def write(self, folder: Path) -> None:
+        (folder / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=_json))
+        (folder / "report.md").write_text(self.markdown())
+
+
+def _json(x):
+    if isinstance(x, float | np.floating) and math.isnan(x):
+        return None
+    return str(x)
+
+
+def _f(x, spec=".2f", none="-") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none
+    return format(x, spec)
+
+
+def _equiv(f: dict) -> str:
+    if "greedy_match_rate" in f:
+        return f"{100 * f['greedy_match_rate']:.0f}%" + ("" if f["equivalence_ok"] else " FAIL")
+    if "logprob_diff" in f:
+        flag = {True: "", False: " FAIL", None: " (n<5)"}[f["equivalence_ok"]]
+        return f"z={f['logprob_diff']['z']:+.1f}" + flag
+    return "-"
+
+
+def _row(spec: str, f: dict) -> str:
+    lo, hi = f["speedup_ci95"]
+    ci = f"{_f(lo)}-{_f(hi)}" if spec != "plain" else "-"
+    return (
+        f"{spec:16} {_f(f['speedup_total']) + 'x':>8} {ci:>11} {_f(f['speedup_median']):>6} "
+        f"{_f(f['speedup_e2e']):>5} {_f(f['acceptance_rate']):>8} "
+        f"{_f(f['mean_accepted_length']):>5} "
+        f"{_f(f['goodput_tokens_per_ms'], '.4f'):>7} {_f(f['ttft_ms'], '.0f'):>8} "
+        f"{_f(100 * (f['draft_share'] or 0), '.0f'):>6} {_f(100 * (f['verify_share'] or 0), '.0f'):>7} "
+        f"{_equiv(f):>6}"
+    )
+
+
+def _md_row(spec: str, f: dict) -> str:
+    lo, hi = f["speedup_ci95"]
+    alpha = " ".join(_f(a) for a in f["alpha_per_position"]) or "-"
+    split = "/".join(
+        _f(100 * (f[k] or 0), ".0f") for k in ("draft_share", "verify_share", "overhead_share")
+    )
+    return (
+        f"| {spec} | {_f(f['speedup_total'])}x | {_f(lo)}–{_f(hi)} | {_f(f['speedup_median'])} | "
+        f"{_f(f['speedup_e2e'])} | {_f(f['acceptance_rate'])} | {_f(f['mean_accepted_length'])} | {alpha} | "
+        f"{_f(f['goodput_tokens_per_ms'], '.4f')} | {_f(f['ttft_ms'], '.0f')} | {split} % | "
+        f"{_equiv(f)} |"
+    )
+
+
+def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
+    cands = {s: f for s, f in by_spec.items() if s != "plain" and f["speedup_total"] is not None}
+    if not cands:
+        return {"best": "plain", "speculate": False, "text": "plain decoding (nothing else ran)"}
+    best = max(cands, key=lambda s: cands[s]["goodput_tokens_per_ms"] or 0.0)
+    f = cands[best]
+    lo, hi = f["speedup_ci95"]
+    on = not math.isnan(lo) and lo > 1.0
+    verdict = "speculate" if on else "do not speculate (no configuration beats plain beyond noise)"
+    text = (
+        f"{verdict}; best goodput: {best} at {_f(f['speedup_total'])}x plain "
+        f"(95% CI {_f(lo)}–{_f(hi)})"
+    )
+    return {
+        "best": best if on else "plain",
+        "best_speculative": best,
+        "speculate": on,
+        "speedup": f["speedup_total"],
+        "ci95": [lo, hi],
+        "text": text,
+    }
+
+
+def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
+    """Aggregate request records and round records into a Report."""
+    fields = set(RoundTrace.__dataclass_fields__)
+    rounds_by: dict[tuple, list[RoundTrace]] = defaultdict(list)
+    for r in rounds:
+        rt = RoundTrace(**{k: v for k, v in r.items() if k in fields})
+        rounds_by[(r["category"], r["config"])].append(rt)
+        rounds_by[("all", r["config"])].append(rt)
+    groups: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        for cat in (rec["category"], "all"):
+            groups[(cat, rec["sampling"])][rec["spec"]].append(rec)
+    cats = [*dict.fromkeys(r["category"] for r in records), "all"]
+    figures: dict[str, dict[str, dict]] = {}
+    recommendation: dict[str, dict] = {}
+    for cat in cats:
+        for (c, sampling), by_spec in groups.items():
+            if c != cat:
+                continue
+            plain = by_spec.get("plain", [])
+            figs = {}
+            for spec, recs in by_spec.items():
+                key = recs[0]["config"]
+                figs[spec] = _figures(recs, rounds_by.get((cat, key), []), plain)
+            figures.setdefault(cat, {})[sampling] = figs
+            recommendation.setdefault(cat, {})[sampling] = _recommend(figs)
+    return Report(figures, recommendation, run)

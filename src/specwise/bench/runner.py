@@ -1,0 +1,282 @@
+"""The run matrix: every (drafter, k) configuration against plain decoding, side by side.
+
+For each prompt, repeat and sampling setting, the plain baseline and every speculative
+configuration run one after another in the same process on the same target (their order rotated
+from prompt to prompt), after a warm-up. Each request records its summary and rounds; then the
+equivalence checks run outside the timed part:
+
+- greedy: tokens must equal plain's; a divergence is reported with the target's top-2 logit
+  gap at the first differing position. A near-tie is allowed, anything else is a failure; what
+  counts as near is measured, not assumed: before the run, `numeric_noise` compares a
+  multi-token forward with one-token forwards of the same tokens, and a gap below
+  NEAR_TIE_FACTOR x the largest change it saw in a top-2 gap is a near-tie;
+- sampled: the target's mean log-probability (temperature 1) of the generated tokens, paired
+  by prompt against plain; its difference must be within noise if the distribution is exact.
+
+This module runs and records; `report` computes and presents the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specwise.backends.base import LM
+from specwise.bench.workloads import CATEGORIES, Prompt, render
+from specwise.drafters import make_drafter
+from specwise.engine import Engine
+from specwise.sampling import SamplingParams
+
+__all__ = [
+    "NEAR_TIE_FACTOR",
+    "Config",
+    "Options",
+    "Runner",
+    "greedy_divergence",
+    "logits_after",
+    "numeric_noise",
+]
+
+NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
+_CHECK_SEQ = -4  # a sequence id the engines never use
+
+
+@dataclass(frozen=True)
+class Config:
+    drafter: str  # "plain", a drafter name, or "auto" (the controller over all drafters)
+    k: int | str  # 0 for plain, a fixed k, or "auto"
+    temperature: float
+    top_p: float
+
+    @property
+    def spec(self) -> str:
+        if self.drafter == "plain":
+            return "plain"
+        return "auto" if self.k == "auto" else f"{self.drafter} k={self.k}"
+
+    @property
+    def sampling(self) -> str:
+        return f"T={self.temperature:g}" + (f" top_p={self.top_p:g}" if self.top_p < 1 else "")
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec} | {self.sampling}"
+
+
+@dataclass
+class Options:
+    drafters: list[str] = field(default_factory=lambda: ["model", "ngram"])
+    ks: list[int | str] = field(default_factory=lambda: [2, 4, 6, 8, "auto"])
+    temperatures: list[float] | None = None  # None: each category's default
+    top_ps: list[float] | None = None
+    max_tokens: int = 128
+    repeats: int = 1
+    multi_turn: bool = False
+    seed: int = 0
+
+
+class Runner:
+    """Runner(target, draft_lm, options): builds one engine per configuration and runs them."""
+
+    def __init__(self, target: LM, draft_lm: LM | None, options: Options) -> None:
+        self.target, self.options = target, options
+        if "model" in options.drafters and draft_lm is None:
+            raise ValueError("the model drafter needs a draft model (--draft or --pair)")
+        self._draft_lm = draft_lm
+        self.engines: dict[str, Engine] = {"plain": Engine(target)}
+        self.noise = {"logit": 0.0, "top2_gap": 0.0}
+        self.near_tie = 0.0
+        numeric = [k for k in options.ks if k != "auto" and k != 0]
+        for name in options.drafters:
+            for k in numeric:
+                self.engines[f"{name} k={k}"] = Engine(target, self._drafter(name), k=k)
+        if "auto" in options.ks:
+            # A fresh controller (nothing learnt in earlier processes), so runs are repeatable;
+            # it still learns from request to request within the run, as a server would.
+            drafters = [self._drafter(n) for n in options.drafters]
+            self.engines["auto"] = Engine(target, drafters, k="auto", remember=False)
+
+    def _drafter(self, name: str):
+        return make_drafter(name, lm=self._draft_lm) if name == "model" else make_drafter(name)
+
+    def configs(self, category: str) -> list[Config]:
+        cat = CATEGORIES.get(category)
+        temps = self.options.temperatures or [cat.temperature if cat else 0.0]
+        if self.options.top_ps:
+            top_ps = self.options.top_ps
+        else:
+            top_ps = [cat.top_p if cat and not self.options.temperatures else 1.0]
+        out = []
+        for t in temps:
+            for p in top_ps if t > 0 else [1.0]:
+                for spec in self.engines:
+                    drafter, _, k = spec.partition(" k=")
+                    k_val: int | str = int(k) if k else ("auto" if spec == "auto" else 0)
+                    out.append(Config(drafter, k_val, t, p))
+        return out
+
+    # -- running -----------------------------------------------------------------------------
+    def _replies(self, prompt: Prompt) -> list[str]:
+        """Assistant replies for the earlier turns of a multi-turn prompt (greedy, plain)."""
+        replies: list[str] = []
+        tok = self.target.tokenizer
+        for i in range(len(prompt.turns) - 1):
+            ids = render(tok, prompt.turns[: i + 1], replies)
+            res = self.engines["plain"].generate(
+                ids, SamplingParams(max_tokens=self.options.max_tokens)
+            )
+            replies.append(res.text or "")
+        return replies
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        if self.options.multi_turn and len(prompt.turns) > 1:
+            return render(self.target.tokenizer, prompt.turns, self._replies(prompt))
+        return render(self.target.tokenizer, prompt.turns[:1])
+
+    def warm_up(self, ids: list[int]) -> None:
+        for eng in self.engines.values():
+            eng.generate(ids, SamplingParams(max_tokens=8))
+        self.noise = numeric_noise(self.target, ids)
+        self.near_tie = NEAR_TIE_FACTOR * self.noise["top2_gap"]
+
+    def run(
+        self,
+        prompts: Sequence[Prompt],
+        on_request: Callable[[dict, list[dict]], None],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Run the matrix; `on_request(record, rounds)` receives each finished request."""
+        opts = self.options
+        for pi, prompt in enumerate(prompts):
+            ids = self.prompt_ids(prompt)
+            if pi == 0:
+                self.warm_up(ids)
+            for rep in range(opts.repeats):
+                configs = self.configs(prompt.category)
+                for sampling in dict.fromkeys(c.sampling for c in configs):
+                    group = [c for c in configs if c.sampling == sampling]
+                    shift = (pi + rep) % len(group)
+                    group = group[shift:] + group[:shift]  # rotate the order
+                    results = {}
+                    for cfg in group:
+                        params = SamplingParams(
+                            temperature=cfg.temperature,
+                            top_p=cfg.top_p,
+                            seed=opts.seed + 1000 * pi + rep,
+                            max_tokens=opts.max_tokens,
+                        )
+                        res = self.engines[cfg.spec].generate(ids, params)
+                        results[cfg] = res
+                        if progress:
+                            progress(1)
+                    self._check_and_emit(prompt, rep, ids, results, on_request)
+
+    def _check_and_emit(self, prompt, rep, ids, results, on_request) -> None:
+        plain = next(r for c, r in results.items() if c.drafter == "plain")
+        greedy = next(iter(results)).temperature == 0.0
+        logprob = (
+            {} if greedy else {c: self._mean_logprob(ids, r.tokens) for c, r in results.items()}
+        )
+        for cfg, res in results.items():
+            check: dict = {}
+            if greedy:
+                check = self._greedy_check(ids, plain.tokens, res.tokens)
+            else:
+                check = {"mean_logprob": logprob[cfg], "n_tokens": len(res.tokens)}
+            record = {
+                "config": cfg.key,
+                "spec": cfg.spec,
+                "drafter": cfg.drafter,
+                "k": cfg.k,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "sampling": cfg.sampling,
+                "category": prompt.category,
+                "prompt_id": prompt.id,
+                "repeat": rep,
+                "prompt_tokens": len(ids),
+                "tokens": res.tokens,
+                "finish_reason": res.finish_reason,
+                "summary": res.summary.to_dict(),
+                "check": check,
+            }
+            rounds = [
+                {
+                    "config": cfg.key,
+                    "category": prompt.category,
+                    "prompt_id": prompt.id,
+                    "repeat": rep,
+                    **r.to_dict(),
+                }
+                for r in res.rounds
+            ]
+            on_request(record, rounds)
+
+    # -- equivalence checks (untimed) --------------------------------------------------------
+    def _greedy_check(self, ids: list[int], plain: list[int], got: list[int]) -> dict:
+        return greedy_divergence(self.target, ids, plain, got, self.near_tie)
+
+    def _mean_logprob(self, ids: list[int], out: list[int]) -> float:
+        if not out:
+            return math.nan
+        logits = logits_after(self.target, ids, out).astype(np.float64)  # [n, V]
+        m = logits.max(axis=1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+        return float(np.mean(logits[np.arange(len(out)), out] - lse))
+
+
+def logits_after(lm: LM, ids: list[int], out: list[int]) -> np.ndarray:
+    """The target's logits [len(out), V] at each position of `out`, teacher-forced after `ids`."""
+    lm.release(_CHECK_SEQ)
+    try:
+        if len(ids) > 1:
+            lm.forward([(_CHECK_SEQ, ids[:-1])], last_only=True)
+        return lm.forward([(_CHECK_SEQ, [ids[-1], *out[:-1]])])[0]
+    finally:
+        lm.release(_CHECK_SEQ)
+
+
+def numeric_noise(lm: LM, ids: list[int], sizes: Sequence[int] = (2, 5, 9)) -> dict:
+    """How much a multi-token forward differs from one-token forwards of the same tokens:
+    the largest |difference| of a logit, and of a row's top-2 gap."""
+    worst_logit = worst_gap = 0.0
+    starts = sorted({max(1, len(ids) // 4), max(1, len(ids) // 2)})
+    for start in starts:
+        for n in sizes:
+            window = ids[start : start + n]
+            if len(window) < 2:
+                continue
+            lm.release(_CHECK_SEQ)
+            try:
+                lm.forward([(_CHECK_SEQ, ids[:start])], last_only=True)
+                many = lm.forward([(_CHECK_SEQ, window)])[0]
+                lm.truncate(_CHECK_SEQ, start)
+                one = np.stack([lm.forward([(_CHECK_SEQ, [t])])[0][0] for t in window])
+            finally:
+                lm.release(_CHECK_SEQ)
+            worst_logit = max(worst_logit, float(np.abs(many - one).max()))
+            for a, b in zip(many, one, strict=True):
+                ga, gb = np.sort(a)[-2:], np.sort(b)[-2:]
+                worst_gap = max(worst_gap, abs(float(ga[1] - ga[0]) - float(gb[1] - gb[0])))
+    return {"logit": worst_logit, "top2_gap": worst_gap}
+
+
+def greedy_divergence(
+    lm: LM, ids: list[int], ref: list[int], got: list[int], near_tie: float
+) -> dict:
+    """Where two greedy outputs part, and the target's top-2 logit gap there (along `ref`)."""
+    if got == ref:
+        return {"match": True}
+    n = next(
+        (i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b),
+        min(len(ref), len(got)),
+    )
+    if n >= len(ref):  # `got` is longer: compare at ref's end
+        return {"match": False, "position": n, "top2_gap": math.nan, "near_tie": False}
+    row = logits_after(lm, ids, ref[: n + 1])[n]
+    top2 = np.sort(row)[-2:]
+    gap = float(top2[1] - top2[0])
+    return {"match": False, "position": n, "top2_gap": gap, "near_tie": gap <= near_tie}

@@ -1,0 +1,130 @@
+"""One `specwise bench` run: pick prompts, run the matrix with a progress bar, write
+rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the table and,
+last, one JSON line. It loads nothing itself: it gets the models from its caller."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from specwise.backends.base import LM
+from specwise.bench.plots import write_plots
+from specwise.bench.report import Report, build
+from specwise.bench.runner import Options, Runner
+from specwise.bench.workloads import Prompt
+from specwise.trace import JsonlSink
+
+__all__ = ["default_out", "pick", "run_bench"]
+
+
+def default_out() -> Path:
+    return Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def pick(prompts: Sequence[Prompt], limit: int | None) -> list[Prompt]:
+    """At most `limit` prompts per category, in order."""
+    if limit is None:
+        return list(prompts)
+    if limit < 1:
+        raise ValueError(f"--limit {limit} is invalid; use an integer >= 1")
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        if seen.get(p.category, 0) < limit:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            out.append(p)
+    return out
+
+
+def run_bench(
+    target: LM,
+    draft: LM | None,
+    prompts: Sequence[Prompt],
+    options: Options,
+    out: Path,
+    run_info: dict,
+    stream=sys.stdout,
+) -> Report:
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    runner = Runner(target, draft, options)
+    total = sum(len(runner.configs(p.category)) for p in prompts) * options.repeats
+    records: list[dict] = []
+    rounds: list[dict] = []
+    t0 = time.perf_counter()
+    with (
+        JsonlSink(out / "rounds.jsonl") as rsink,
+        JsonlSink(out / "requests.jsonl") as qsink,
+        tqdm(total=total, desc="bench", unit="req", file=sys.stderr) as bar,
+    ):
+
+        def on_request(record: dict, rs: list[dict]) -> None:
+            records.append(record)
+            rounds.extend(rs)
+            qsink.write(record)
+            for r in rs:
+                rsink.write(r)
+            qsink.flush()
+            rsink.flush()
+            bar.set_postfix_str(f"{record['category']} {record['spec']}")
+
+        runner.run(prompts, on_request, progress=bar.update)
+    run = {
+        **run_info,
+        "prompts": len(prompts),
+        "max_tokens": options.max_tokens,
+        "repeats": options.repeats,
+        "duration_s": time.perf_counter() - t0,
+        "threads": target.info.threads,
+        "numeric_noise": runner.noise,
+        "near_tie_below": runner.near_tie,
+    }
+    report = build(records, rounds, run)
+    report.write(out)
+    plots = write_plots(report.figures, out)
+    print(report.table(), file=stream)
+    print(f"\nreport: {out / 'report.md'} (plots: {', '.join(p.name for p in plots)})", file=stream)
+    failed = [
+        f"{cat} · {s} · {spec}"
+        for cat, by_s in report.figures.items()
+        if cat != "all"
+        for s, by_spec in by_s.items()
+        for spec, f in by_spec.items()
+        if f.get("equivalence_ok") is False
+    ]
+    if failed:
+        print("EQUIVALENCE CHECK FAILED for: " + "; ".join(failed), file=stream)
+    keep = (
+        "speedup_total",
+        "speedup_median",
+        "speedup_ci95",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "goodput_tokens_per_ms",
+        "ttft_ms",
+        "equivalence_ok",
+    )
+    compact = {
+        "run": report.run,
+        "figures": {
+            cat: {
+                s: {spec: {k: f.get(k) for k in keep} for spec, f in by_spec.items()}
+                for s, by_spec in by_s.items()
+            }
+            for cat, by_s in report.figures.items()
+        },
+        "recommendation": report.recommendation,
+        "equivalence_failures": failed,
+        "out": str(out),
+    }
+    print(json.dumps(compact, default=_plain, separators=(",", ":")), file=stream)
+    return report
+
+
+def _plain(x):
+    return None if isinstance(x, float) and x != x else str(x)

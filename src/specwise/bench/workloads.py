@@ -1,0 +1,127 @@
+"""Benchmark workloads: the prompt categories shipped with specwise and the JSONL loader.
+
+Each category declares its default sampling (used when the run does not set a temperature).
+A prompt is one JSON object per line: `category`, an optional `id`, and either `prompt` (a
+string) or `turns` (a list of user messages; the first is used unless multi-turn is asked for).
+This module only reads prompts; rendering them needs the target's tokenizer (`render`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["CATEGORIES", "Category", "Prompt", "WorkloadError", "builtin", "load_jsonl", "render"]
+
+
+class WorkloadError(ValueError):
+    """A prompt file is unusable; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Category:
+    name: str
+    description: str
+    temperature: float  # default sampling of the category
+    top_p: float = 1.0
+
+
+CATEGORIES: dict[str, Category] = {
+    c.name: c
+    for c in (
+        Category("code_generation", "write a function, class or script", 0.0),
+        Category("code_editing", "change code given in the prompt, return all of it", 0.0),
+        Category("code_explanation", "explain or debug code given in the prompt", 0.0),
+        Category("summarization", "summarise a long passage", 0.0),
+        Category("chat", "questions, advice, explanations; some multi-turn", 0.7, 0.9),
+        Category("translation", "translate a paragraph between languages", 0.0),
+        Category("math", "word problems, step by step", 0.0),
+        Category("creative", "stories, poems, letters", 1.0, 0.95),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    turns: tuple[str, ...]  # user messages; one for a single-turn prompt
+
+
+def _parse(line: str, where: str, n: int) -> Prompt:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    cat = obj.get("category")
+    if not isinstance(cat, str) or not cat:
+        raise WorkloadError(f"{where}: 'category' must be a non-empty string")
+    has_prompt, has_turns = "prompt" in obj, "turns" in obj
+    if has_prompt == has_turns:
+        raise WorkloadError(f"{where}: give exactly one of 'prompt' (a string) or 'turns' (a list)")
+    if has_prompt:
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise WorkloadError(f"{where}: 'prompt' must be a non-empty string")
+        turns = (obj["prompt"],)
+    else:
+        t = obj["turns"]
+        if not isinstance(t, list) or not t or not all(isinstance(x, str) and x.strip() for x in t):
+            raise WorkloadError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+        turns = tuple(t)
+    pid = obj.get("id", f"{cat}-{n}")
+    if not isinstance(pid, str):
+        raise WorkloadError(f"{where}: 'id' must be a string")
+    return Prompt(pid, cat, turns)
+
+
+def load_jsonl(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file; a bad line raises WorkloadError naming file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read prompts ({exc.strerror or exc})") from None
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        p = _parse(line, f"{path}:{n}", n)
+        if p.id in seen:
+            raise WorkloadError(f"{path}:{n}: duplicate id {p.id!r}")
+        seen.add(p.id)
+        out.append(p)
+    if not out:
+        raise WorkloadError(f"{path}: no prompts in the file")
+    return out
+
+
+def builtin(categories: Sequence[str] | None = None) -> list[Prompt]:
+    """The shipped prompts, category by category (all categories by default)."""
+    names = list(categories) if categories else list(CATEGORIES)
+    unknown = [c for c in names if c not in CATEGORIES]
+    if unknown:
+        raise WorkloadError(
+            f"unknown categories {', '.join(unknown)}; known: {', '.join(CATEGORIES)}"
+        )
+    folder = resources.files("specwise.bench") / "workloads"
+    out: list[Prompt] = []
+    for c in names:
+        out.extend(load_jsonl(Path(str(folder / f"{c}.jsonl"))))
+    return out
+
+
+def render(tokenizer, turns: Sequence[str], replies: Sequence[str] = ()) -> list[int]:
+    """Token ids of a chat: user turns interleaved with the assistant `replies` given for all
+    but the last turn, ending with the assistant's cue."""
+    messages = []
+    for i, turn in enumerate(turns):
+        messages.append({"role": "user", "content": turn})
+        if i < len(turns) - 1:
+            messages.append({"role": "assistant", "content": replies[i]})
+    return tokenizer.render_chat(messages)

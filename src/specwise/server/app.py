@@ -1,0 +1,232 @@
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions,
+/v1/chat/completions (streaming as server-sent events), /health and /metrics.
+
+Requests are validated by `protocol`, queued on the `Scheduler` (HTTP 429 with Retry-After when
+the queue is full), and streamed back as the scheduler publishes text. A client that goes away
+is cancelled, which releases its caches at once. With an API key, every /v1 route needs
+`Authorization: Bearer KEY`. Bad input of any kind gets a 4xx with an OpenAI-style error body;
+nothing reaches the client as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from specwise.engine import Engine
+from specwise.server import protocol
+from specwise.server.metrics import Metrics
+from specwise.server.protocol import ApiError, ParsedRequest
+from specwise.server.scheduler import Job, QueueFull, Scheduler
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+POLL_S = 0.25  # how often a waiting non-streaming request checks that its client is still there
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def create_app(
+    engine: Engine,
+    model_name: str,
+    *,
+    max_batch: int = 4,
+    max_queue: int = 64,
+    api_key: str | None = None,
+    cors_origins: list[str] | None = None,
+    max_body_bytes: int = 4 << 20,
+) -> FastAPI:
+    metrics = Metrics()
+    state: dict[str, Scheduler] = {}
+
+    async def lifespan(app: FastAPI):
+        state["scheduler"] = Scheduler(engine, metrics, max_batch=max_batch, max_queue=max_queue)
+        yield
+        state.pop("scheduler").close()
+
+    app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.metrics = metrics
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"]
+        )
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if request.url.path.startswith("/v1") and api_key is not None:
+            got = request.headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+                return _error(
+                    ApiError(
+                        401,
+                        "missing or wrong API key; send 'Authorization: Bearer <key>'",
+                        kind="authentication_error",
+                        code="invalid_api_key",
+                    )
+                )
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_body_bytes:
+            return _error(
+                ApiError(413, f"the request body has {size} bytes; the limit is {max_body_bytes}")
+            )
+        try:
+            return await call_next(request)
+        except Exception:
+            log.exception("unhandled error on %s", request.url.path)
+            return _error(ApiError(500, "internal error; see the server log", kind="server_error"))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model_name, **state["scheduler"].load}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specwise"}],
+        }
+
+    async def handle(request: Request, chat: bool) -> Response:
+        try:
+            raw = await request.body()
+            if len(raw) > max_body_bytes:
+                raise ApiError(413, f"the request body is over the {max_body_bytes}-byte limit")
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+            req = protocol.parse(body, chat, [model_name])
+            try:
+                engine.check_override(req.k, req.drafter)
+            except ValueError as exc:
+                field = "speculative.drafter" if "drafter" in str(exc) else "speculative.k"
+                raise ApiError(400, str(exc), field) from None
+            prompt = _tokenize(engine, req)
+            job = Job(
+                protocol.new_id(chat),
+                prompt,
+                req.params,
+                asyncio.get_running_loop(),
+                k=req.k,
+                drafter=req.drafter,
+            )
+            try:
+                state["scheduler"].submit(job)
+            except QueueFull:
+                raise ApiError(
+                    429,
+                    "the server is busy (queue full); retry shortly",
+                    kind="rate_limit_error",
+                    headers={"Retry-After": "1"},
+                ) from None
+        except ApiError as exc:
+            return _error(exc)
+        if req.stream:
+            return StreamingResponse(
+                _stream(state["scheduler"], job, req, len(prompt)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await _complete(request, state["scheduler"], job, req, len(prompt))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle(request, chat=True)
+
+    return app
+
+
+def _tokenize(engine: Engine, req: ParsedRequest) -> list[int]:
+    tok = engine.target.tokenizer
+    if tok is None:
+        raise ApiError(500, "the model has no tokenizer", kind="server_error")
+    try:
+        if req.chat:
+            return tok.render_chat(req.messages)
+        return tok.encode(req.prompt)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "messages" if req.chat else "prompt") from None
+
+
+async def _complete(
+    request: Request, sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int
+) -> Response:
+    parts: list[str] = []
+    while True:
+        try:
+            kind, payload = await asyncio.wait_for(job.events.get(), timeout=POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                sched.cancel(job)
+                return Response(status_code=499)
+            continue
+        if kind == "text":
+            parts.append(payload)
+        elif kind == "error":
+            status, message = payload
+            field = ("messages" if req.chat else "prompt") if status == 400 else None
+            kind_ = "invalid_request_error" if status < 500 else "server_error"
+            return _error(ApiError(status, message, field, kind=kind_))
+        else:
+            result = payload
+            return JSONResponse(
+                protocol.response(
+                    req, job.id, "".join(parts), result.finish_reason, n_prompt, result.summary
+                )
+            )
+
+
+async def _stream(
+    sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int
+) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def sse(obj: dict) -> bytes:
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+    first = True
+    try:
+        while True:
+            kind, payload = await job.events.get()
+            if kind == "text":
+                yield sse(protocol.chunk(req, job.id, created, payload, None, first=first))
+                first = False
+            elif kind == "error":
+                status, message = payload
+                yield sse(
+                    protocol.error_body(
+                        message, "invalid_request_error" if status < 500 else "server_error"
+                    )
+                )
+                break
+            else:
+                result = payload
+                yield sse(
+                    protocol.chunk(req, job.id, created, None, result.finish_reason, first=first)
+                )
+                if req.include_usage:
+                    yield sse(protocol.usage_chunk(req, job.id, created, n_prompt, result.summary))
+                break
+        yield b"data: [DONE]\n\n"
+    finally:
+        sched.cancel(job)  # a client that left mid-stream: release its caches now

@@ -1,0 +1,73 @@
+"""Prometheus metrics of one server (its own registry, so several servers can live in one
+process, as in tests). Counts come from the engine's RoundTraces; this module only records."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specwise.trace import RoundTrace
+
+__all__ = ["Metrics"]
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "specwise_requests", "Requests by final status", ["status"], registry=r
+        )
+        self.queue_depth = Gauge("specwise_queue_depth", "Requests waiting to start", registry=r)
+        self.running = Gauge(
+            "specwise_running_batch_size", "Sequences in the running batch", registry=r
+        )
+        self.ttft = Histogram(
+            "specwise_ttft_seconds", "Time to first token", buckets=_LATENCY, registry=r
+        )
+        self.itl = Histogram(
+            "specwise_inter_token_latency_seconds",
+            "Time between emitted tokens (a round's time over its tokens)",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.emitted = Counter("specwise_emitted_tokens", "Emitted tokens", registry=r)
+        self.proposed = Counter(
+            "specwise_proposed_tokens", "Draft tokens proposed", ["drafter"], registry=r
+        )
+        self.accepted = Counter(
+            "specwise_accepted_tokens", "Draft tokens accepted", ["drafter"], registry=r
+        )
+        self.accepted_at = Counter(
+            "specwise_accepted_by_position",
+            "Accepted draft tokens by draft position",
+            ["drafter", "position"],
+            registry=r,
+        )
+        self.draft_seconds = Counter("specwise_draft_seconds", "Time spent drafting", registry=r)
+        self.verify_seconds = Counter(
+            "specwise_verify_seconds", "Time in target forwards", registry=r
+        )
+        self.rounds = Counter("specwise_rounds", "Rounds by configuration", ["drafter"], registry=r)
+
+    def observe_round(self, rt: RoundTrace, first: bool) -> None:
+        name = rt.drafter or "plain"
+        self.rounds.labels(name).inc()
+        self.emitted.inc(rt.emitted)
+        if rt.proposed:
+            self.proposed.labels(name).inc(rt.proposed)
+            self.accepted.labels(name).inc(rt.accepted)
+            for i in range(rt.accepted):
+                self.accepted_at.labels(name, str(i)).inc()
+        if rt.emitted and not first:
+            per = rt.round_ms / 1000.0 / rt.emitted
+            for _ in range(rt.emitted):
+                self.itl.observe(per)
+
+    def observe_step(self, draft_ms: float, verify_ms: float) -> None:
+        """Once per round of the whole batch (its times are shared by the batch)."""
+        self.draft_seconds.inc(draft_ms / 1000.0)
+        self.verify_seconds.inc(verify_ms / 1000.0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

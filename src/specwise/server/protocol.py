@@ -1,0 +1,272 @@
+"""The OpenAI wire format: validating request bodies and building responses and stream chunks.
+
+Every bad request becomes an `ApiError` with an HTTP status and an OpenAI-style body that names
+the offending field (`param`). This module holds no model, no queue and no HTTP server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specwise.sampling import SamplingParams
+
+__all__ = ["ApiError", "ParsedRequest", "error_body", "parse"]
+
+MAX_TOKENS_DEFAULT = 256
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = (
+            status,
+            message,
+            param,
+            kind,
+            code,
+        )
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    chat: bool
+    model: str
+    prompt: str | None  # completions
+    messages: list[dict[str, str]] | None  # chat
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    k: int | str | None
+    drafter: str | None
+
+
+def _bad(field: str, message: str) -> ApiError:
+    return ApiError(400, message, param=field)
+
+
+def _number(body: dict, field: str, default, kind=float, lo=None, hi=None):
+    v = body.get(field, default)
+    if v is None:
+        return default
+    ok = isinstance(v, int | float) and not isinstance(v, bool)
+    if kind is int:
+        ok = ok and float(v).is_integer()
+    if not ok:
+        raise _bad(
+            field,
+            f"'{field}' must be {'an integer' if kind is int else 'a number'}, "
+            f"got {type(v).__name__} {v!r}",
+        )
+    v = kind(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise _bad(field, f"'{field}' = {v!r} is out of range [{lo}, {hi}]")
+    return v
+
+
+def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
+    """Validate a /v1/completions (chat=False) or /v1/chat/completions body."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is None:
+        model = model_names[0]
+    elif not isinstance(model, str):
+        raise _bad("model", f"'model' must be a string, got {type(model).__name__}")
+    elif model not in model_names:
+        raise ApiError(
+            404,
+            f"the model {model!r} does not exist; available: {', '.join(model_names)}",
+            "model",
+            code="model_not_found",
+        )
+    prompt = messages = None
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("messages", "'messages' must be a non-empty list of {role, content} objects")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(
+                    f"messages[{i}]", f"messages[{i}] must be an object with a 'role' string"
+                )
+            if m["role"] not in ("system", "user", "assistant"):
+                raise _bad(
+                    f"messages[{i}].role",
+                    f"messages[{i}].role {m['role']!r} is not one of system, user, assistant",
+                )
+            if not isinstance(m.get("content"), str):
+                raise _bad(f"messages[{i}].content", f"messages[{i}].content must be a string")
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise _bad("prompt", "'prompt' must be a string (or a list of one string)")
+        if not prompt:
+            raise _bad("prompt", "'prompt' is empty")
+    n = _number(body, "n", 1, int)
+    if n != 1:
+        raise _bad("n", f"'n' = {n} is not supported; only n = 1")
+    max_tokens = _number(body, "max_tokens", None, int, 1, 1 << 20)
+    if chat and body.get("max_completion_tokens") is not None:
+        max_tokens = _number(body, "max_completion_tokens", None, int, 1, 1 << 20)
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+        stop = tuple(stop)
+    else:
+        raise _bad("stop", "'stop' must be a string or a list of up to 4 strings")
+    if any(not s for s in stop):
+        raise _bad("stop", "'stop' strings must not be empty")
+    seed = body.get("seed")
+    if seed is not None:
+        seed = _number(body, "seed", None, int, 0, 2**63 - 1)
+    try:
+        params = SamplingParams(
+            temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, float, 0.0, 1.0),
+            top_k=_number(body, "top_k", 0, int, 0, None),
+            min_p=_number(body, "min_p", 0.0, float, 0.0, 1.0),
+            seed=seed,
+            max_tokens=max_tokens or MAX_TOKENS_DEFAULT,
+            stop=stop,
+        )
+    except ValueError as exc:  # e.g. top_p = 0
+        field = str(exc).split(" =")[0].removeprefix("SamplingParams.")
+        raise _bad(field, str(exc)) from None
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be true or false")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise _bad("stream_options", "'stream_options' must be an object")
+    spec = body.get("speculative") or {}
+    if not isinstance(spec, dict):
+        raise _bad("speculative", "'speculative' must be an object {k, drafter}")
+    k = spec.get("k")
+    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise _bad("speculative.k", f"'speculative.k' = {k!r} must be an integer >= 0 or 'auto'")
+    drafter = spec.get("drafter")
+    if drafter is not None and not isinstance(drafter, str):
+        raise _bad("speculative.drafter", "'speculative.drafter' must be a string or null")
+    return ParsedRequest(
+        chat,
+        model,
+        prompt,
+        messages,
+        params,
+        stream,
+        bool(opts.get("include_usage", False)),
+        k,
+        drafter,
+    )
+
+
+# -- responses ---------------------------------------------------------------------------------
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def speculative_stats(summary) -> dict[str, Any]:
+    return {
+        "proposed": summary.proposed,
+        "accepted": summary.accepted,
+        "rounds": summary.rounds,
+        "acceptance_rate": summary.acceptance_rate,
+        "mean_accepted_length": summary.mean_accepted_length,
+        "draft_ms": round(summary.draft_ms, 3),
+        "verify_ms": round(summary.verify_ms, 3),
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def response(
+    req: ParsedRequest, rid: str, text: str, finish: str, prompt_tokens: int, summary
+) -> dict[str, Any]:
+    base = {
+        "id": rid,
+        "created": int(time.time()),
+        "model": req.model,
+        "usage": usage(prompt_tokens, summary.emitted),
+        "speculative": speculative_stats(summary),
+    }
+    if req.chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        return {**base, "object": "chat.completion", "choices": [choice]}
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    return {**base, "object": "text_completion", "choices": [choice]}
+
+
+def chunk(
+    req: ParsedRequest,
+    rid: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+) -> dict[str, Any]:
+    base = {"id": rid, "created": created, "model": req.model}
+    if req.chat:
+        delta: dict[str, str] = {}
+        if first:
+            delta["role"] = "assistant"
+        if text:
+            delta["content"] = text
+        return {
+            **base,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+    return {
+        **base,
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}],
+    }
+
+
+def usage_chunk(req: ParsedRequest, rid: str, created: int, prompt_tokens: int, summary) -> dict:
+    obj = "chat.completion.chunk" if req.chat else "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": created,
+        "model": req.model,
+        "choices": [],
+        "usage": usage(prompt_tokens, summary.emitted),
+        "speculative": speculative_stats(summary),
+    }

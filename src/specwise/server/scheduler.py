@@ -1,0 +1,191 @@
+"""`Scheduler`: continuous batching on one worker thread that owns the engine.
+
+Each loop: admit waiting requests up to `max_batch` (prefill), drop cancelled ones (their
+caches released at once), run ONE engine round over every running sequence (drafts for each,
+one batched target forward), then publish each request's new text to its asyncio queue. New
+requests join between rounds. If a batched round fails, each request is retried alone, so only
+the request that fails alone is failed. The HTTP layer never touches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specwise.engine import Engine, GenerationResult, Request
+from specwise.sampling import SamplingParams
+from specwise.server.metrics import Metrics
+
+__all__ = ["Job", "QueueFull", "Scheduler"]
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    """One request on its way through the scheduler; events go to `events` on `loop`."""
+
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    k: int | str | None = None
+    drafter: str | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False
+    req: Request | None = None
+    first_sent: bool = False
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        """Thread-safe: ("text", str), ("done", GenerationResult) or ("error", (status, msg))."""
+        with contextlib.suppress(RuntimeError):  # the event loop is gone (shutting down)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+class Scheduler:
+    def __init__(
+        self, engine: Engine, metrics: Metrics, max_batch: int = 4, max_queue: int = 64
+    ) -> None:
+        if max_batch < 1 or max_queue < 0:
+            raise ValueError(
+                f"max_batch = {max_batch} must be >= 1 and max_queue = {max_queue} >= 0"
+            )
+        self.engine, self.metrics = engine, metrics
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self._pending: collections.deque[Job] = collections.deque()
+        self._running: list[Job] = []
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="specwise-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- called from the event loop ----------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull
+            self._pending.append(job)
+            self.metrics.queue_depth.set(len(self._pending))
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        with self._cond:
+            job.cancelled = True
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": len(self._running), "queued": len(self._pending)}
+
+    # -- the worker thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._pending and not self._running:
+                    self._cond.wait()
+                if self._stop:
+                    break
+                for job in [j for j in self._pending if j.cancelled]:
+                    self._pending.remove(job)
+                    self.metrics.requests.labels("cancelled").inc()
+                admit = []
+                while self._pending and len(self._running) + len(admit) < self.max_batch:
+                    admit.append(self._pending.popleft())
+                self.metrics.queue_depth.set(len(self._pending))
+            for job in admit:
+                self._start(job)
+            for job in [j for j in self._running if j.cancelled]:
+                self._end(job, "cancelled")
+            if self._running:
+                self._round()
+        for job in list(self._running) + list(self._pending):
+            job.emit("error", (503, "the server is shutting down"))
+            if job.req is not None:
+                self.engine.finish(job.req)
+
+    def _start(self, job: Job) -> None:
+        try:
+            job.req = self.engine.start(
+                job.prompt,
+                job.params,
+                request_id=job.id,
+                arrival=job.arrival,
+                k=job.k,
+                drafter=job.drafter,
+            )
+        except ValueError as exc:
+            self.metrics.requests.labels("rejected").inc()
+            job.emit("error", (400, str(exc)))
+            return
+        except Exception as exc:
+            log.exception("prefill failed for %s", job.id)
+            self.metrics.requests.labels("failed").inc()
+            job.emit("error", (500, f"the request failed: {exc}"))
+            return
+        self._running.append(job)
+
+    def _round(self) -> None:
+        batch = list(self._running)
+        try:
+            self.engine.step([j.req for j in batch])
+        except Exception:
+            log.exception("a batched round failed; retrying its requests one by one")
+            for job in batch:
+                try:
+                    self.engine.step([job.req])
+                except Exception as exc:
+                    self._end(job, "failed", (500, f"the request failed: {exc}"))
+        self.metrics.running.set(len(self._running))
+        stepped = [j for j in batch if j in self._running]
+        if stepped and stepped[0].req.rounds:
+            last = stepped[0].req.rounds[-1]
+            self.metrics.observe_step(last.draft_ms, last.verify_ms)
+        for job in stepped:
+            self._publish(job)
+
+    def _publish(self, job: Job) -> None:
+        req = job.req
+        if req.rounds:
+            rt = req.rounds[-1]
+            self.metrics.observe_round(rt, first=not job.first_sent)
+            if rt.emitted and not job.first_sent:
+                job.first_sent = True
+                self.metrics.ttft.observe(rt.t_ms / 1000.0)
+        if req.detok is not None and not req.done:
+            text = req.detok.take()
+            if text:
+                job.emit("text", text)
+        if req.done:
+            self._end(job, "ok")
+
+    def _end(self, job: Job, status: str, error: tuple[int, str] | None = None) -> None:
+        """Finish a running request: release its caches, tell its client."""
+        if job in self._running:
+            self._running.remove(job)
+        result: GenerationResult = self.engine.finish(job.req)
+        self.metrics.requests.labels(status).inc()
+        self.metrics.running.set(len(self._running))
+        if error is not None:
+            job.emit("error", error)
+        elif status == "ok":
+            tail = job.req.detok.take(final=True) if job.req.detok is not None else ""
+            if tail:
+                job.emit("text", tail)
+            job.emit("done", result)

@@ -1,0 +1,284 @@
+"""The OpenAI-compatible server on 127.0.0.1 with the smallest real model: the official `openai`
+client and raw HTTP, streaming and not, concurrency, cancellation, bad input, auth, metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from specwise import Engine
+from specwise.backends.llama_cpp import LlamaCppLM
+from specwise.controller import Controller
+from specwise.costs import CostCurve, CostModel
+from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.server.app import create_app
+
+MODEL = "smol"
+PROMPTS = [
+    "List the first twelve prime numbers.",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France? Answer in one sentence.",
+    "Count from one to ten in words.",
+]
+
+
+def make_engine(path) -> Engine:
+    target = LlamaCppLM(path, context_length=512, max_sequences=8)
+    draft = LlamaCppLM(path, context_length=512, max_sequences=8)
+    drafters = [NgramDrafter(), ModelDrafter(draft)]
+    costs = CostModel(
+        CostCurve({n: 10.0 + 2.0 * n for n in range(1, 17)}),
+        {"ngram": 0.01, "model": 8.0},
+        catch_up_ms_per_token={"model": 1.0},
+    )
+    return Engine(target, drafters, k="auto", controller=Controller(drafters, costs))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    return make_engine(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    import uvicorn
+
+    app = create_app(engine, MODEL, max_batch=4, max_queue=8)
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not srv.started:
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="unused")
+
+
+def greedy(prompt, **kw):
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, **kw}
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(server[0] + "/health").json()
+    assert health["status"] == "ok" and health["running"] == 0
+
+
+def test_completion_and_chat_with_the_openai_client(client):
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    assert out.choices[0].text and out.choices[0].finish_reason in ("stop", "length")
+    assert out.usage.completion_tokens <= 16 and out.usage.prompt_tokens > 0
+    spec = out.model_extra["speculative"]
+    assert {"proposed", "accepted", "rounds", "acceptance_rate", "draft_ms", "verify_ms"} <= set(
+        spec
+    )
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPTS[2]}],
+        max_tokens=16,
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+    )
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+
+
+def test_streaming_equals_non_streaming(client):
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=24, temperature=0)
+    parts = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True
+        )
+    )
+    assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
+    assert parts[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    chat = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPTS[1]}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert chat[-1].usage.completion_tokens > 0
+
+
+def test_raw_sse_ends_with_done(server):
+    with httpx.stream(
+        "POST", server[0] + "/v1/completions", json=greedy(PROMPTS[0], stream=True), timeout=60
+    ) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[len("data: ") :]) for ln in lines[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+
+
+def test_concurrent_greedy_requests_match_their_solo_outputs(server):
+    url = server[0] + "/v1/completions"
+    alone = [
+        httpx.post(url, json=greedy(p), timeout=120).json()["choices"][0]["text"] for p in PROMPTS
+    ]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(
+            pool.map(
+                lambda p: httpx.post(url, json=greedy(p), timeout=120).json()["choices"][0]["text"],
+                PROMPTS,
+            )
+        )
+    assert together == alone
+
+
+def test_a_cancelled_stream_leaves_the_others_intact(server, engine):
+    url = server[0] + "/v1/completions"
+    want = httpx.post(url, json=greedy(PROMPTS[3], max_tokens=40), timeout=120).json()
+    result = {}
+
+    def other():
+        result["out"] = httpx.post(url, json=greedy(PROMPTS[3], max_tokens=40), timeout=120).json()
+
+    t = threading.Thread(target=other)
+    with httpx.stream(
+        "POST", url, json=greedy(PROMPTS[0], max_tokens=200, stream=True), timeout=60
+    ) as r:
+        t.start()
+        next(r.iter_lines())  # one chunk, then hang up
+    t.join(timeout=120)
+    assert result["out"]["choices"][0]["text"] == want["choices"][0]["text"]
+    deadline = time.time() + 10
+    while httpx.get(server[0] + "/health").json()["running"] and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert not engine.target._slots, "a cancelled request kept its cache"
+
+
+def test_metrics_parse(server):
+    text = httpx.get(server[0] + "/metrics").text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {
+        "specwise_requests",
+        "specwise_ttft_seconds",
+        "specwise_emitted_tokens",
+        "specwise_running_batch_size",
+        "specwise_queue_depth",
+        "specwise_accepted_by_position",
+        "specwise_inter_token_latency_seconds",
+    } <= names
+
+
+@pytest.fixture(scope="module")
+def local(engine):
+    with TestClient(create_app(engine, MODEL, max_batch=2, max_queue=4, max_body_bytes=4096)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "hi", "top_p": 2}, 400, "top_p"),
+        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": "hi", "n": 2}, 400, "n"),
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": 5}, 400, "prompt"),
+        ({"prompt": "hi", "stop": [1]}, 400, "stop"),
+        ({"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        ({"prompt": "hi", "speculative": {"k": -1}}, 400, "speculative.k"),
+        ({"prompt": "hi", "speculative": {"drafter": "eagle"}}, 400, "speculative.drafter"),
+        ({"prompt": "word " * 600}, 400, "prompt"),
+    ],
+)
+def test_bad_input_gets_a_4xx_naming_the_field(local, body, status, param):
+    r = local.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"]
+
+
+def test_malformed_json_oversized_body_and_bad_messages(local):
+    r = local.post(
+        "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = local.post("/v1/completions", json={"prompt": "x" * 10_000})
+    assert r.status_code == 413
+    r = local.post("/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+    r = local.post("/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    # and the server still serves
+    r = local.post("/v1/completions", json=greedy(PROMPTS[2], max_tokens=4))
+    assert r.status_code == 200 and 1 <= r.json()["usage"]["completion_tokens"] <= 4
+
+
+def test_per_request_speculation_override(local):
+    plain = local.post("/v1/completions", json=greedy(PROMPTS[0], speculative={"k": 0})).json()
+    assert plain["speculative"]["proposed"] == 0
+    fixed = local.post(
+        "/v1/completions", json=greedy(PROMPTS[0], speculative={"k": 3, "drafter": "model"})
+    ).json()
+    assert fixed["speculative"]["proposed"] > 0
+    assert fixed["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_api_key(engine):
+    with TestClient(create_app(engine, MODEL, api_key="sesame")) as c:
+        assert c.post("/v1/completions", json=greedy("hi", max_tokens=2)).status_code == 401
+        bad = c.post(
+            "/v1/completions",
+            json=greedy("hi", max_tokens=2),
+            headers={"Authorization": "Bearer wrong"},
+        )
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+        assert c.get("/v1/models").status_code == 401
+        ok = c.post(
+            "/v1/completions",
+            json=greedy("hi", max_tokens=2),
+            headers={"Authorization": "Bearer sesame"},
+        )
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200  # health needs no key
+
+
+def test_a_full_queue_answers_429(engine):
+    with (
+        TestClient(create_app(engine, MODEL, max_batch=1, max_queue=1)) as c,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        codes = list(
+            pool.map(
+                lambda _: c.post("/v1/completions", json=greedy(PROMPTS[0], max_tokens=120)),
+                range(4),
+            )
+        )
+    statuses = sorted(r.status_code for r in codes)
+    assert 429 in statuses and 200 in statuses
+    busy = next(r for r in codes if r.status_code == 429)
+    assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "rate_limit_error"
