@@ -10,7 +10,7 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.backends.torch_hf import TorchLM
-from specwise.controller import PROBE_FIRST, Batch, Controller, expected_tokens
+from specwise.controller import MARGIN, PROBE_FIRST, Batch, Controller, expected_tokens
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
 from specwise.oracle import plain_decode
@@ -29,15 +29,15 @@ def costs(curve, draft_ms):
 
 
 def brute_force(alpha, draft_ms, v, batch=None):
-    """argmax over m of (E_others + E(m)) / (D_others + d m + V(T + 1 + m)); plain is m = 0."""
+    """argmax over m of (E_others + E(m)) / (D_others + d m + V(T + 1 + m)); plain (m = 0)
+    unless the best speculative choice beats it by MARGIN."""
     batch = batch or Batch()
-    best_m, best_g = 0, -1.0
+    g = []
     for m in range(len(alpha) + 1):
         e = 1 + sum(np.prod(alpha[: i + 1]) for i in range(m))
-        g = (batch.expected + e) / (batch.draft_ms + draft_ms * m + v(batch.tokens + 1 + m))
-        if g > best_g + 1e-12:
-            best_m, best_g = m, g
-    return best_m, best_g
+        g.append((batch.expected + e) / (batch.draft_ms + draft_ms * m + v(batch.tokens + 1 + m)))
+    best = max(range(1, len(g)), key=g.__getitem__)
+    return (best, g[best]) if g[best] > MARGIN * g[0] else (0, g[0])
 
 
 LINEAR = {n: 10.0 + 2.0 * (n - 1) for n in range(1, 17)}  # verification is cheap

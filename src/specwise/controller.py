@@ -16,10 +16,13 @@ Where a_i comes from:
 - per request and drafter, an exponential average of the observed α_i by position, started
   from the drafter's average over earlier requests, so a request that changes character
   (copying code, then writing prose) is followed within a few rounds;
-- while a model drafter drafts, its own probability of each token it proposes, mapped through
-  a calibration table (confidence bin -> observed acceptance) learnt online. Drafting stops as
-  soon as no longer draft is worth its cost: go on while, for some m > i,
-  E(m) − E(i) > G·(C(m) − C(i)), with G the goodput the round was planned at.
+- the drafter's own confidence in each token (a model drafter's probability, an n-gram
+  drafter's match length), mapped through a calibration table (confidence bin -> observed
+  acceptance) learnt online, and scaled by how this request compares with the average one.
+  A model drafter stops mid-round as soon as no longer draft is worth its cost: it goes on
+  while, for some m > i, E(m) − E(i) > G·(C(m) − C(i)), with G the goodput planned.
+
+Estimates are noisy, so speculation must beat plain decoding by MARGIN to be chosen.
 
 Cheap drafters (n-gram) propose before the decision, and the controller takes the best prefix.
 A model drafter that has fallen behind the context (it is prefilled only once chosen) must
@@ -43,6 +46,7 @@ __all__ = ["Batch", "Controller", "Plan"]
 REQUEST_EMA = 0.3  # weight of one observation in a request's α estimate
 GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
 PRIOR_ALPHA = 0.4  # α before anything was observed (below break-even on slow verification)
+MARGIN = 1.05  # speculate only when expected goodput beats plain decoding's by this factor
 BINS = 10  # confidence calibration bins over [0, 1]
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 
@@ -74,14 +78,15 @@ class Plan:
 
 @dataclass
 class _Calibration:
-    """Confidence -> acceptance, from observed outcomes (prior: the bin's centre, weight 2)."""
+    """Confidence -> acceptance, from observed outcomes. A confidence is only a score until it
+    has been calibrated, so every bin starts at the same prior (weight 2)."""
 
     hits: list[float] = field(default_factory=lambda: [0.0] * BINS)
     seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
 
-    def predict(self, confidence: float) -> float:
+    def predict(self, confidence: float, prior: float = PRIOR_ALPHA) -> float:
         b = min(int(confidence * BINS), BINS - 1)
-        return (self.hits[b] + 2.0 * (b + 0.5) / BINS) / (self.seen[b] + 2.0)
+        return (self.hits[b] + 2.0 * prior) / (self.seen[b] + 2.0)
 
     def observe(self, confidence: float, accepted: bool) -> None:
         b = min(int(confidence * BINS), BINS - 1)
@@ -99,11 +104,19 @@ class _DrafterState:
     idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
     gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
 
+    def global_alpha(self, i: int) -> float:
+        return self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA
+
+    def calibrated(self, confidence: float, i: int, request_alpha: float) -> float:
+        """Acceptance of draft position i: the calibrated confidence, scaled by how this
+        request's α at i compares with the average request's."""
+        base = self.calibration.predict(confidence, self.global_alpha(0))
+        return min(0.99, base * request_alpha / max(self.global_alpha(i), 0.05))
+
     def request_alpha(self, rid: str, n: int) -> list[float]:
         a = self.requests.setdefault(rid, [])
         while len(a) < n:
-            i = len(a)
-            a.append(self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA)
+            a.append(self.global_alpha(len(a)))
         return a[:n]
 
 
@@ -171,7 +184,7 @@ class Controller:
                 for m in range(len(e))
             ]
             m = max(range(len(g)), key=g.__getitem__)
-            if m > 0 and g[m] > best.expected_goodput:
+            if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
@@ -209,7 +222,7 @@ class Controller:
         known: list[float] = []
 
         def keep_going(i: int, confidence: float) -> bool:
-            known.append(st.calibration.predict(confidence))
+            known.append(st.calibrated(confidence, i - 1, st.request_alpha(rid, i)[i - 1]))
             a = known + st.request_alpha(rid, cap)[i:]
             e = expected_tokens(a)
             c_i = self._round_ms(name, i, batch)
