@@ -1,6 +1,7 @@
-"""End to end: the joint distribution of the first emitted tokens over thousands of seeded runs
-matches the target's exact distribution (chi-square at a fixed seed), and the same test catches
-a deliberately broken acceptance rule."""
+"""End to end: the joint distribution of emitted tokens over thousands of seeded runs matches
+the target's exact distribution (chi-square at a fixed seed), and the same test catches a
+deliberately broken acceptance rule. The first token comes from the prefill (round 0), so the
+window tested is the first three tokens: tokens 2 and 3 come out of one speculative round."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from specwise.sampling import warp
 from specwise.verify import Verdict
 from toy import ToyLM, tiny_llama
 
-N_TOKENS = 2
+WINDOW = slice(0, 3)  # tokens 1 to 3
+MAX_TOKENS = 4  # so round 1 may propose 2 tokens
 
 
 def exact_joint(lm, prompt, params):
-    """P(first two tokens) enumerated from the target alone."""
+    """P(tokens 1, 2 and 3), enumerated from the target alone."""
 
     def next_probs(ctx):
         seq = 10_000_000 + len(ctx)
@@ -33,20 +35,22 @@ def exact_joint(lm, prompt, params):
             lm.release(seq)
         return warp(row, params)
 
+    joint: dict[tuple[int, int, int], float] = {}
     p1 = next_probs(list(prompt))
-    joint = {}
     for a in np.flatnonzero(p1 > 0):
         p2 = next_probs([*prompt, int(a)])
         for b in np.flatnonzero(p2 > 0):
-            joint[(int(a), int(b))] = p1[a] * p2[b]
+            p3 = next_probs([*prompt, int(a), int(b)])
+            for c in np.flatnonzero(p3 > 0):
+                joint[(int(a), int(b), int(c))] = p1[a] * p2[b] * p3[c]
     return joint
 
 
 def sampled_counts(engine, prompt, params, n):
     counts = {}
     for seed in range(n):
-        res = engine.generate(prompt, replace(params, seed=seed, max_tokens=N_TOKENS))
-        key = tuple(res.tokens[:N_TOKENS])
+        res = engine.generate(prompt, replace(params, seed=seed, max_tokens=MAX_TOKENS))
+        key = tuple(res.tokens[WINDOW])
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -80,7 +84,7 @@ def test_model_drafter_distribution(name):
     target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
     engine = Engine(target, ModelDrafter(draft), k=3)
     params = PARAMS[name]
-    n = 4000
+    n = 6000
     p = chi2_pvalue(
         sampled_counts(engine, PROMPT, params, n), exact_joint(target, PROMPT, params), n
     )
@@ -92,7 +96,7 @@ def test_ngram_point_mass_distribution():
     params = SamplingParams(temperature=0.8)
     prompt = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8]  # repeats, so n-gram drafts are proposed
     engine = Engine(target, NgramDrafter(), k=3)
-    n = 4000
+    n = 6000
     counts = sampled_counts(engine, prompt, params, n)
     assert chi2_pvalue(counts, exact_joint(target, prompt, params), n) > 1e-3
 
@@ -100,7 +104,7 @@ def test_ngram_point_mass_distribution():
 def test_torch_models_distribution():
     target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=3.0))
     draft = TorchLM(tiny_llama(vocab=16, seed=5, sharpen=3.0))
-    params = SamplingParams(temperature=1.0, top_p=0.9)
+    params = SamplingParams(temperature=1.0, top_k=4, top_p=0.9)  # a support chi-square can see
     engine = Engine(target, ModelDrafter(draft), k=2)
     n = 1500
     counts = sampled_counts(engine, PROMPT, params, n)
@@ -115,7 +119,7 @@ def test_the_same_check_detects_a_broken_rule(monkeypatch):
     target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
     engine = Engine(target, ModelDrafter(draft), k=3)
     params = PARAMS["T=1"]
-    n = 4000
+    n = 6000
     p = chi2_pvalue(
         sampled_counts(engine, PROMPT, params, n), exact_joint(target, PROMPT, params), n
     )
@@ -126,7 +130,7 @@ def test_cells_cover_the_joint():
     target = ToyLM(vocab=12, seed=1)
     joint = exact_joint(target, PROMPT, PARAMS["T=0.7,top_k=5"])
     assert abs(sum(joint.values()) - 1) < 1e-9
-    assert all(len(c) == 2 for c in itertools.islice(joint, 3))
+    assert all(len(c) == 3 for c in itertools.islice(joint, 3))
 
 
 def test_auto_controller_distribution():
@@ -139,6 +143,6 @@ def test_auto_controller_distribution():
     costs = CostModel(CostCurve({n: 10.0 + n for n in range(1, 17)}), {"ngram": 0.0, "model": 1.0})
     engine = Engine(target, drafters, k="auto", controller=Controller(drafters, costs))
     params = SamplingParams(temperature=1.0, top_k=6)
-    n = 4000
+    n = 6000
     counts = sampled_counts(engine, PROMPT, params, n)
     assert chi2_pvalue(counts, exact_joint(target, PROMPT, params), n) > 1e-3

@@ -78,21 +78,25 @@ def test_seed_reproducibility_and_k0_is_plain_decoding(target, unrelated):
 
 
 class FixedDrafter:
-    """Proposes a scripted draft, to put EOS / stop / max_tokens inside it."""
+    """Proposes a scripted continuation, to put EOS / stop / max_tokens inside a draft."""
 
     name = "fixed"
+    cheap = False
+    fingerprint = "fixed"
 
     def __init__(self, tokens):
         self.tokens = tokens
+        self.n_prompt = 0
 
     def bind(self, target):
         pass
 
     def begin(self, seq, prompt):
-        pass
+        self.n_prompt = len(prompt)
 
     def propose(self, seq, context, k, params, sampler, keep_going=None):
-        return Draft(self.tokens[:k], None)
+        done = len(context) - self.n_prompt  # tokens emitted so far (round 0 gave the first)
+        return Draft(self.tokens[done : done + k], None)
 
     def commit(self, seq, accepted, emitted):
         pass
@@ -114,9 +118,8 @@ def test_eos_inside_a_draft_stops_there():
     res = Engine(lm, FixedDrafter(cont), k=6).generate([1, 2], SamplingParams(max_tokens=50))
     assert res.tokens == cont[: first + 1]
     assert res.finish_reason == "stop"
-    assert (
-        len(res.rounds) == 1 and res.rounds[0].accepted == 6 and res.rounds[0].emitted == first + 1
-    )
+    if first > 0:  # round 0 (the prefill) gave cont[0]; round 1 drafted the rest
+        assert len(res.rounds) == 2 and res.rounds[1].emitted == first
 
 
 def test_max_tokens_inside_a_draft():
@@ -125,21 +128,17 @@ def test_max_tokens_inside_a_draft():
     eng = Engine(lm, FixedDrafter(cont), k=8)
     res = eng.generate([3, 4], SamplingParams(max_tokens=5))
     assert res.tokens == cont[:5] and res.finish_reason == "length"
-    assert res.rounds[0].proposed == 4  # k is clipped so no round can overshoot
+    assert res.rounds[1].proposed == 3  # k is clipped so no round can overshoot
 
 
 def test_every_draft_accepted_gives_a_bonus_and_empty_draft_is_plain():
     lm = ToyLM(vocab=12, seed=5)
     cont = greedy_continuation(lm, [3, 4], 12)
-    res = Engine(lm, FixedDrafter(cont[:3]), k=3).generate([3, 4], SamplingParams(max_tokens=4))
-    r0 = res.rounds[0]
-    assert (r0.proposed, r0.accepted, r0.bonus, r0.rejection_position, r0.emitted) == (
-        3,
-        3,
-        True,
-        None,
-        4,
-    )
+    res = Engine(lm, FixedDrafter(cont), k=3).generate([3, 4], SamplingParams(max_tokens=5))
+    r0, r1 = res.rounds
+    assert (r0.proposed, r0.emitted) == (0, 1)  # round 0: the prefill's token
+    got = (r1.proposed, r1.accepted, r1.bonus, r1.rejection_position, r1.emitted)
+    assert got == (3, 3, True, None, 4)
     res = Engine(lm, FixedDrafter([]), k=3).generate([3, 4], SamplingParams(max_tokens=3))
     assert res.tokens == cont[:3]
     assert all(r.proposed == 0 and r.emitted == 1 and r.drafter is None for r in res.rounds)

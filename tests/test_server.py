@@ -282,3 +282,31 @@ def test_a_full_queue_answers_429(engine):
     assert 429 in statuses and 200 in statuses
     busy = next(r for r in codes if r.status_code == 429)
     assert busy.headers["retry-after"] == "1" and busy.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_load_generator_against_the_server(server, tmp_path, capsys):
+    from specwise.bench.load import LoadOptions, run_load
+
+    opts = LoadOptions(
+        url=server[0],
+        model=None,
+        concurrency=[1, 2],
+        requests=2,
+        prompts=PROMPTS,
+        stream=True,
+        max_tokens=8,
+        ks=["auto", 0],
+        api_key=None,
+        out=tmp_path / "load",
+    )
+    levels = run_load(opts)
+    assert [(lv["concurrency"], lv["k"]) for lv in levels] == [
+        (1, "auto"),
+        (1, 0),
+        (2, "auto"),
+        (2, 0),
+    ]
+    assert all(lv["errors"] == 0 and lv["throughput_tokens_per_s"] > 0 for lv in levels)
+    assert all(lv["ttft_s"]["p50"] is not None for lv in levels)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["levels"]
+    assert (tmp_path / "load" / "throughput.png").exists()

@@ -11,6 +11,26 @@ import numpy as np
 
 from specwise.backends.base import BackendInfo
 
+# The summary keys `specwise generate --json` promises (issue: core), used by several tests.
+SUMMARY_KEYS = {
+    "ttft_ms",
+    "continuation_tokens_per_s",
+    "total_ms",
+    "emitted",
+    "rounds",
+    "proposed",
+    "accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "alpha_per_position",
+    "acceptance_per_position",
+    "goodput_tokens_per_ms",
+    "draft_ms",
+    "verify_ms",
+    "overhead_ms",
+    "peak_rss_mb",
+}
+
 
 class ToyLM:
     """A real LM (the protocol, with caches and rollback) whose next-token logits are a fixed

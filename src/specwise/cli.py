@@ -332,10 +332,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
             ids = tok.encode(prompt_text)
         req = engine.start(ids, params)
         try:
-            while not req.done:
-                engine.step([req])
+            while True:
                 if not a.json and req.detok is not None:
                     print(req.detok.take(), end="", flush=True)
+                if req.done:
+                    break
+                engine.step([req])
         finally:
             result = engine.finish(req)
     finally:

@@ -35,13 +35,20 @@ no model; the engine calls `plan` before and `observe` after each round.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, KeepGoing
 
 __all__ = ["Batch", "Controller", "Plan"]
+
+log = logging.getLogger(__name__)
 
 REQUEST_EMA = 0.3  # weight of one observation in a request's α estimate
 GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
@@ -138,6 +145,7 @@ class Controller:
         self.costs = costs
         self.max_k = max_k
         self._state = {d.name: _DrafterState() for d in self.drafters}
+        self._memory: Path | None = None
 
     def _round_ms(self, name: str | None, m: int, batch: Batch) -> float:
         d = self.costs.draft_ms_per_token.get(name, 0.0) * m if name else 0.0
@@ -251,11 +259,31 @@ class Controller:
                 st.calibration.observe(draft.confidence[i], bool(ok))
 
     def forget(self, rid: str) -> None:
-        """Drop a finished request's estimates (the averages over requests stay)."""
+        """Drop a finished request's estimates (the averages over requests stay, and are saved
+        when `remember` was called)."""
         for st in self._state.values():
             st.requests.pop(rid, None)
             st.idle.pop(rid, None)
             st.gap.pop(rid, None)
+        self._save()
+
+    def remember(self, path: Path) -> None:
+        """Keep what is learnt across requests in `path`: load it now, save it after each
+        finished request."""
+        self._memory = path
+        with contextlib.suppress(OSError, ValueError):
+            self.load_state(json.loads(path.read_text()))
+
+    def _save(self) -> None:
+        if self._memory is None:
+            return
+        try:
+            self._memory.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._memory.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.state()))
+            os.replace(tmp, self._memory)
+        except OSError as exc:  # learning is a bonus; never fail a request for it
+            log.warning("could not save the controller's learning: %s", exc)
 
     def state(self) -> dict:
         """What was learnt across requests, as JSON-able data."""

@@ -12,6 +12,10 @@ One round (`Engine.step`) for every running request:
 With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
 when plain decoding is expected to be faster) and learns from the outcome; otherwise k is fixed.
 
+Round 0 is the prefill: the whole prompt in one forward, whose last logits give the first
+token, exactly as plain decoding (and llama.cpp) does it; the drafters are prefilled after the
+first token is out, so TTFT is the target's prefill alone.
+
 Cache invariant: between rounds the target cache holds every committed token except the last
 emitted one, which is the next round's first input. k = 0 draws exactly the random numbers of
 plain decoding (one categorical per token), so a seed reproduces plain decoding. The engine
@@ -22,12 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,60 +36,16 @@ from specwise.backends.base import LM
 from specwise.controller import Batch, Controller, Plan
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
+from specwise.request import GenerationResult, Request
 from specwise.sampling import LazyRows, Sampler, SamplingParams
-from specwise.trace import JsonlSink, RequestSummary, RoundTrace, summarize
+from specwise.trace import JsonlSink, RoundTrace, summarize
 from specwise.verify import Verdict, greedy_match, rejection_sample
 
-__all__ = ["Engine", "GenerationResult", "Request"]
+__all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
 _ms = 1000.0
 CHEAP_MAX_K = 15  # longest draft asked of a cheap drafter (the cost curve is measured to 16)
-
-
-@dataclass
-class Request:
-    """One sequence being generated; the engine owns and mutates it."""
-
-    id: str
-    seq: int
-    params: SamplingParams
-    sampler: Sampler
-    arrival: float  # time.perf_counter() when the request arrived
-    context: list[int]  # prompt, then every emitted token
-    n_prompt: int
-    detok: Detokenizer | None
-    rounds: list[RoundTrace] = field(default_factory=list)
-    prefill_ms: float = 0.0  # the target's
-    draft_prefill_ms: float = 0.0  # the drafters' (begin)
-    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
-    drafter_errors: dict[str, str] = field(default_factory=dict)  # failed drafters, not used again
-    lag: int = 0  # context tokens this round's drafter had to catch up on
-    k: int | str | None = None  # this request's own k (None: the engine's)
-    only: str | None = None  # this request's only drafter (None: any of the engine's)
-    ended: float | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.context[self.n_prompt :]
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def text(self) -> str | None:
-        return None if self.detok is None else self.detok.text
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    request_id: str
-    tokens: list[int]  # emitted ids, prompt excluded (EOS / stop-completing token included)
-    text: str | None  # decoded, without special tokens, cut before a stop string
-    finish_reason: str
-    rounds: list[RoundTrace]
-    summary: RequestSummary
 
 
 class Engine:
@@ -130,7 +87,6 @@ class Engine:
         for d in drafters:
             d.bind(target)
         self.controller: Controller | None = None
-        self._memory = None  # where the controller's learning is kept between processes
         if auto and drafters:
             if controller is None:
                 from specwise.costs import cache_key, calibrated
@@ -138,22 +94,11 @@ class Engine:
 
                 controller = Controller(drafters, calibrated(target, drafters))
                 if remember:
-                    self._memory = home() / "controller" / f"{cache_key(target, drafters)}.json"
-                    with contextlib.suppress(OSError, ValueError):
-                        controller.load_state(json.loads(self._memory.read_text()))
+                    controller.remember(
+                        home() / "controller" / f"{cache_key(target, drafters)}.json"
+                    )
             self.controller = controller
         self._seq_ids = itertools.count()
-
-    def _save_learning(self) -> None:
-        if self._memory is None:
-            return
-        try:
-            self._memory.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._memory.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.controller.state()))
-            os.replace(tmp, self._memory)
-        except OSError as exc:  # learning is a bonus; never fail a request for it
-            log.warning("could not save the controller's learning: %s", exc)
 
     @property
     def drafter(self) -> Drafter | None:
@@ -200,7 +145,7 @@ class Engine:
             params=params,
             sampler=Sampler(params.seed),
             arrival=arrival,
-            context=prompt,
+            context=list(prompt),  # grows; `prompt` stays the prompt
             n_prompt=len(prompt),
             detok=None if tok is None else Detokenizer(tok, params.stop, prompt[-4:]),
             k=k,
@@ -208,20 +153,35 @@ class Engine:
         )
         t0 = time.perf_counter()
         try:
-            if len(prompt) > 1:
-                self.target.forward([(seq, prompt[:-1])], last_only=True)
+            last = self.target.forward([(seq, prompt)], last_only=True)[0]  # [1, V]
             t1 = time.perf_counter()
+            # Round 0: the first token comes from the prefill's last logits, exactly as plain
+            # decoding does it; the prefill is its forward (counted in prefill_ms).
+            verdict = self._verify(req, Draft([], None), last)
+            self._record(
+                req,
+                None,
+                Draft([], None),
+                None,
+                verdict,
+                self._emit(req, verdict.tokens),
+                0.0,
+                0.0,
+                (time.perf_counter() - t1) * _ms,
+                1,
+            )
+            t2 = time.perf_counter()
             # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
             # controller first picks them: a request that never uses one does not pay for it.
             k_req = self.k if k is None else k
             for d in self._allowed(req):
-                if k_req != 0 and (k_req != "auto" or d.cheap):
+                if k_req != 0 and (k_req != "auto" or d.cheap) and not req.done:
                     self._drafter_call(req, d, d.begin, seq, prompt)
         except BaseException:
             self.target.release(seq)
             raise
         req.prefill_ms = (t1 - t0) * _ms
-        req.draft_prefill_ms = (time.perf_counter() - t1) * _ms
+        req.draft_prefill_ms = (time.perf_counter() - t2) * _ms
         return req
 
     def finish(self, req: Request) -> GenerationResult:
@@ -233,7 +193,6 @@ class Engine:
                 d.end(req.seq)
             if self.controller is not None:
                 self.controller.forget(req.id)
-                self._save_learning()
         if req.finish_reason is None:
             req.finish_reason = "cancelled"
         total_ms = (req.ended - req.arrival) * _ms
@@ -267,6 +226,8 @@ class Engine:
         """Yield the token ids emitted by each round, as the rounds complete."""
         req = self.start(prompt, params)
         try:
+            if req.tokens:
+                yield list(req.tokens)  # round 0, from the prefill
             while not req.done:
                 n = len(req.context)
                 self.step([req])
@@ -353,10 +314,7 @@ class Engine:
         if d is None or d.name in r.drafter_errors:
             return None, none, plan
         if d.cheap:
-            o = offers[d.name]
-            probs = None if o.probs is None else o.probs[: plan.k_max]
-            conf = None if o.confidence is None else o.confidence[: plan.k_max]
-            return d, Draft(o.tokens[: plan.k_max], probs, conf), plan
+            return d, offers[d.name].prefix(plan.k_max), plan
         draft = self._drafter_call(
             r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
         )
@@ -377,13 +335,7 @@ class Engine:
             others = Batch(others.tokens - 1, others.expected - 1.0, others.draft_ms)
             t = time.perf_counter()
             d, draft, plan = self._propose(r, others)
-            if len(draft.tokens) > self._room(r):  # a drafter must not overshoot
-                n = self._room(r)
-                draft = Draft(
-                    draft.tokens[:n],
-                    None if draft.probs is None else draft.probs[:n],
-                    None if draft.confidence is None else draft.confidence[:n],
-                )
+            draft = draft.prefix(self._room(r))  # a drafter must not overshoot
             ms = (time.perf_counter() - t) * _ms
             chosen.append((d if draft.tokens else None, draft, plan, ms))
             expected = plan.expected_tokens if plan is not None and draft.tokens else 1.0
@@ -422,28 +374,46 @@ class Engine:
                 if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round
                     costs.observe_draft(d.name, len(draft.tokens), ms)
         for r, (d, draft, plan, _), (verdict, emitted) in zip(live, chosen, verdicts, strict=True):
-            rt = RoundTrace(
-                request_id=r.id,
-                round=len(r.rounds),
-                drafter=None if d is None else d.name,
-                proposed=len(draft.tokens),
-                accepted=verdict.accepted,
-                rejection_position=verdict.rejection_position,
-                bonus=verdict.bonus,
-                emitted=emitted,
-                draft_ms=draft_ms,
-                verify_ms=verify_ms,
-                overhead_ms=overhead_ms,
-                batch_size=len(live),
-                t_ms=(t3 - r.arrival) * _ms,
-                k_max=None if plan is None else plan.k_max,
-                expected_goodput=None if plan is None else plan.expected_goodput,
-                plain_goodput=None if plan is None else plan.plain_goodput,
-                decision=None if plan is None else plan.reason,
+            self._record(
+                r, d, draft, plan, verdict, emitted, draft_ms, verify_ms, overhead_ms, len(live)
             )
-            r.rounds.append(rt)
-            if self.trace is not None:
-                self.trace.write(rt)
+
+    def _record(
+        self,
+        r: Request,
+        d: Drafter | None,
+        draft: Draft,
+        plan: Plan | None,
+        verdict: Verdict,
+        emitted: int,
+        draft_ms: float,
+        verify_ms: float,
+        overhead_ms: float,
+        batch_size: int,
+    ) -> None:
+        """Step 5: one RoundTrace for request r (ending now)."""
+        rt = RoundTrace(
+            request_id=r.id,
+            round=len(r.rounds),
+            drafter=None if d is None else d.name,
+            proposed=len(draft.tokens),
+            accepted=verdict.accepted,
+            rejection_position=verdict.rejection_position,
+            bonus=verdict.bonus,
+            emitted=emitted,
+            draft_ms=draft_ms,
+            verify_ms=verify_ms,
+            overhead_ms=overhead_ms,
+            batch_size=batch_size,
+            t_ms=(time.perf_counter() - r.arrival) * _ms,
+            k_max=None if plan is None else plan.k_max,
+            expected_goodput=None if plan is None else plan.expected_goodput,
+            plain_goodput=None if plan is None else plan.plain_goodput,
+            decision=None if plan is None else plan.reason,
+        )
+        r.rounds.append(rt)
+        if self.trace is not None:
+            self.trace.write(rt)
 
     def _verify(self, r: Request, d: Draft, logits: np.ndarray) -> Verdict:
         """logits [k+1, V] -> the acceptance rule's verdict."""

@@ -13,6 +13,8 @@ those records into figures; bench, server and CLI only display them. Definitions
   that accepted position i (non-increasing in i by construction);
 - goodput = emitted tokens per millisecond of the rounds' wall time (draft + verify + overhead);
 - TTFT = request arrival to the end of the first round that emitted a token (prefills included);
+- round 0 of a request turns the prefill's last logits into the first token: its forward is the
+  prefill (RequestSummary.prefill_ms) and is not counted again in the round's verify_ms;
 - continuation speed = (emitted − 1) / (time of the last token − time of the first token).
 
 This module does not time anything itself and never touches models.

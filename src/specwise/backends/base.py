@@ -14,7 +14,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["LM", "BackendInfo", "Tokenizer", "check_same_vocab"]
+__all__ = [
+    "LM",
+    "BackendInfo",
+    "Tokenizer",
+    "check_append",
+    "check_same_vocab",
+    "check_truncate",
+]
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,22 @@ class LM(Protocol):
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
+
+
+def check_append(seq: int, have: int, n: int, context_length: int) -> None:
+    """Raise ValueError unless n > 0 more tokens fit in seq's cache (holding `have`)."""
+    if n == 0:
+        raise ValueError(f"forward got no tokens for sequence {seq}")
+    if have + n > context_length:
+        raise ValueError(
+            f"sequence {seq} would hold {have + n} tokens; the context holds {context_length}"
+        )
+
+
+def check_truncate(seq: int, have: int, n: int) -> None:
+    """Raise ValueError unless keeping the first n of `have` cached tokens makes sense."""
+    if not 0 <= n <= have:
+        raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
 
 
 def vocab_digest(tok: Tokenizer) -> str:

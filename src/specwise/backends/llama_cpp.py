@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.backends.base import BackendInfo
+from specwise.backends.base import BackendInfo, check_append, check_truncate
 
 __all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "system_info"]
 
@@ -235,15 +235,8 @@ class LlamaCppLM:
         lib, b = self._lib, self._batch
         plan = []  # (slot, first position, tokens) per entry
         for seq, tokens in batch:
-            n = len(tokens)
-            if n == 0:
-                raise ValueError(f"forward got no tokens for sequence {seq}")
             have = self._lengths.get(seq, 0)
-            if have + n > self.context_length:
-                raise ValueError(
-                    f"sequence {seq} would hold {have + n} tokens; the context holds "
-                    f"{self.context_length}"
-                )
+            check_append(seq, have, len(tokens), self.context_length)
             plan.append((self._slot(seq), have, tokens))
         rows: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         outputs: list[int] = []  # entry of each logits row of the pending call
@@ -303,8 +296,7 @@ class LlamaCppLM:
 
     def truncate(self, seq: int, n: int) -> None:
         have = self._lengths.get(seq, 0)
-        if not 0 <= n <= have:
-            raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
+        check_truncate(seq, have, n)
         if n == have:
             return
         if not self._lib.llama_memory_seq_rm(self._mem, self._slots[seq], n, -1):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specwise.backends.base import BackendInfo, eos_ids
+from specwise.backends.base import BackendInfo, check_append, check_truncate, eos_ids
 
 __all__ = ["HFTokenizer", "TorchLM"]
 
@@ -147,14 +147,8 @@ class TorchLM:
         with torch.inference_mode():
             for seq, tokens in batch:
                 n = len(tokens)
-                if n == 0:
-                    raise ValueError(f"forward got no tokens for sequence {seq}")
                 have = self._lengths.get(seq, 0)
-                if have + n > self.context_length:
-                    raise ValueError(
-                        f"sequence {seq} would hold {have + n} tokens; the context holds "
-                        f"{self.context_length}"
-                    )
+                check_append(seq, have, n, self.context_length)
                 cache = self._caches.get(seq)
                 if cache is None:
                     cache = self._caches[seq] = DynamicCache(config=self.model.config)
@@ -174,8 +168,7 @@ class TorchLM:
 
     def truncate(self, seq: int, n: int) -> None:
         have = self._lengths.get(seq, 0)
-        if not 0 <= n <= have:
-            raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
+        check_truncate(seq, have, n)
         if n == have:
             return
         if n == 0:

@@ -168,9 +168,10 @@ def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def run_load(opts: LoadOptions, stream=sys.stdout) -> list[dict]:
+def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     from tqdm import tqdm
 
+    stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
     levels = []
     with tqdm(

@@ -13,6 +13,12 @@ import matplotlib.pyplot as plt
 __all__ = ["write_plots"]
 
 
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def _spec_parts(spec: str) -> tuple[str, int | None]:
     name, _, k = spec.partition(" k=")
     return name, int(k) if k else None
@@ -48,9 +54,7 @@ def speedup_vs_k(figures: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(cats) :]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def acceptance_by_position(figures: dict, path: Path) -> None:
@@ -81,9 +85,7 @@ def acceptance_by_position(figures: dict, path: Path) -> None:
         ax.set_xlabel("draft position")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def time_split(figures: dict, path: Path) -> None:
@@ -101,9 +103,7 @@ def time_split(figures: dict, path: Path) -> None:
     ax.set_title(f"time split per round, all categories · {sampling}", fontsize=9)
     ax.tick_params(axis="x", rotation=45, labelsize=7)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def goodput_vs_temperature(figures: dict, path: Path) -> None:
@@ -128,9 +128,7 @@ def goodput_vs_temperature(figures: dict, path: Path) -> None:
     ax.set_ylabel("goodput (tokens/ms)")
     ax.set_title("goodput vs temperature, all categories", fontsize=9)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_plots(figures: dict, folder: Path) -> list[Path]:

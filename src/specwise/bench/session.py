@@ -47,10 +47,11 @@ def run_bench(
     options: Options,
     out: Path,
     run_info: dict,
-    stream=sys.stdout,
+    stream=None,
 ) -> Report:
     from tqdm import tqdm
 
+    stream = stream or sys.stdout
     out.mkdir(parents=True, exist_ok=True)
     runner = Runner(target, draft, options)
     total = sum(len(runner.configs(p.category)) for p in prompts) * options.repeats

@@ -33,6 +33,16 @@ class Draft:
     # one: q(x) when sampling, the unwarped softmax probability of the argmax when greedy.
     confidence: list[float] | None = None
 
+    def prefix(self, n: int) -> Draft:
+        """The first n tokens of the draft (with their q rows and confidences)."""
+        if n >= len(self.tokens):
+            return self
+        return Draft(
+            self.tokens[:n],
+            None if self.probs is None else self.probs[:n],
+            None if self.confidence is None else self.confidence[:n],
+        )
+
 
 KeepGoing = Callable[
     [int, float], bool

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwise.engine import Engine, GenerationResult, Request
+from specwise.engine import Engine
+from specwise.request import GenerationResult, Request
 from specwise.sampling import SamplingParams
 from specwise.server.metrics import Metrics
 
@@ -140,6 +141,7 @@ class Scheduler:
             job.emit("error", (500, f"the request failed: {exc}"))
             return
         self._running.append(job)
+        self._publish(job)  # the first token came with the prefill
 
     def _round(self) -> None:
         batch = list(self._running)

@@ -1,0 +1,57 @@
+"""`Request`, one sequence being generated (the engine owns and mutates it), and
+`GenerationResult`, what a finished request returns. Records only; no decoding here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specwise.detok import Detokenizer
+from specwise.sampling import Sampler, SamplingParams
+from specwise.trace import RequestSummary, RoundTrace
+
+__all__ = ["GenerationResult", "Request"]
+
+
+@dataclass
+class Request:
+    """One sequence being generated; the engine owns and mutates it."""
+
+    id: str
+    seq: int
+    params: SamplingParams
+    sampler: Sampler
+    arrival: float  # time.perf_counter() when the request arrived
+    context: list[int]  # prompt, then every emitted token
+    n_prompt: int
+    detok: Detokenizer | None
+    rounds: list[RoundTrace] = field(default_factory=list)
+    prefill_ms: float = 0.0  # the target's
+    draft_prefill_ms: float = 0.0  # the drafters' (begin)
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    drafter_errors: dict[str, str] = field(default_factory=dict)  # failed drafters, not used again
+    lag: int = 0  # context tokens this round's drafter had to catch up on
+    k: int | str | None = None  # this request's own k (None: the engine's)
+    only: str | None = None  # this request's only drafter (None: any of the engine's)
+    ended: float | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.context[self.n_prompt :]
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str | None:
+        return None if self.detok is None else self.detok.text
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    tokens: list[int]  # emitted ids, prompt excluded (EOS / stop-completing token included)
+    text: str | None  # decoded, without special tokens, cut before a stop string
+    finish_reason: str
+    rounds: list[RoundTrace]
+    summary: RequestSummary

@@ -1,0 +1,187 @@
+"""The workbench: the JSONL loader's errors, the report's arithmetic on hand-made records, and a
+tiny end-to-end run of `specwise bench` on the smallest real model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specwise.bench.report import build
+from specwise.bench.session import pick
+from specwise.bench.workloads import CATEGORIES, WorkloadError, builtin, load_jsonl
+from specwise.cli import main
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"prompt": "x"}', "'category' must be a non-empty string"),
+        ('{"category": "chat"}', "exactly one of 'prompt'"),
+        ('{"category": "chat", "prompt": "x", "turns": ["y"]}', "exactly one of 'prompt'"),
+        ('{"category": "chat", "prompt": ""}', "'prompt' must be a non-empty string"),
+        ('{"category": "chat", "turns": []}', "'turns' must be a non-empty list"),
+        ('{"category": "chat", "turns": ["a", 3]}', "'turns' must be a non-empty list"),
+        ('{"category": "chat", "prompt": "x", "id": 7}', "'id' must be a string"),
+    ],
+)
+def test_loader_names_file_line_and_problem(tmp_path, line, message):
+    path = write(tmp_path, ['{"category": "chat", "prompt": "fine"}', line])
+    with pytest.raises(WorkloadError) as exc:
+        load_jsonl(path)
+    assert str(exc.value).startswith(f"{path}:2: ") and message in str(exc.value)
+
+
+def test_loader_reads_prompts_and_turns_and_rejects_duplicates(tmp_path):
+    path = write(
+        tmp_path,
+        [
+            '{"category": "chat", "id": "a", "prompt": "hello"}',
+            "",
+            '{"category": "mine", "turns": ["one", "two"]}',
+        ],
+    )
+    got = load_jsonl(path)
+    assert [(p.id, p.category, p.turns) for p in got] == [
+        ("a", "chat", ("hello",)),
+        ("mine-3", "mine", ("one", "two")),
+    ]
+    dup = write(
+        tmp_path,
+        [
+            '{"category": "c", "id": "x", "prompt": "a"}',
+            '{"category": "c", "id": "x", "prompt": "b"}',
+        ],
+    )
+    with pytest.raises(WorkloadError, match=":2: duplicate id 'x'"):
+        load_jsonl(dup)
+    with pytest.raises(WorkloadError, match="cannot read prompts"):
+        load_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_shipped_workloads():
+    prompts = builtin()
+    assert len(CATEGORIES) >= 7
+    for cat in CATEGORIES:
+        assert sum(p.category == cat for p in prompts) >= 8
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert [p.category for p in pick(prompts, 1)] == list(CATEGORIES)
+    with pytest.raises(WorkloadError, match="unknown categories nope"):
+        builtin(["nope"])
+
+
+def record(
+    spec, pid, emitted, total_ms, prefill_ms, match=True, proposed=0, accepted=0, rounds=None
+):
+    rounds = rounds if rounds is not None else emitted
+    return {
+        "config": f"{spec} | T=0",
+        "spec": spec,
+        "sampling": "T=0",
+        "category": "code",
+        "prompt_id": pid,
+        "repeat": 0,
+        "summary": {
+            "emitted": emitted,
+            "total_ms": total_ms,
+            "prefill_ms": prefill_ms,
+            "draft_prefill_ms": 0.0,
+            "ttft_ms": prefill_ms + 10,
+            "proposed": proposed,
+            "accepted": accepted,
+            "rounds": rounds,
+            "draft_ms": 0.0,
+            "verify_ms": total_ms - prefill_ms,
+            "overhead_ms": 0.0,
+            "continuation_tokens_per_s": 1.0,
+            "peak_rss_mb": 100.0,
+        },
+        "check": {"match": True}
+        if match
+        else {"match": False, "position": 3, "top2_gap": 0.01, "near_tie": True},
+    }
+
+
+def test_report_arithmetic_on_hand_made_records():
+    # Two prompts. Plain: 100 tokens in 1000 ms of decoding each (prefill 500 / 300 ms).
+    # ngram: prompt a 100 tokens in 500 ms (2x), prompt b 100 in 1000 ms (1x).
+    recs = [
+        record("plain", "a", 100, 1500, 500),
+        record("plain", "b", 100, 1300, 300),
+        record("ngram k=4", "a", 100, 1000, 500, proposed=80, accepted=60, rounds=40),
+        record("ngram k=4", "b", 100, 1300, 300, match=False, proposed=20, accepted=5, rounds=95),
+    ]
+    rep = build(recs, [], {"command": "test"})
+    f = rep.figures["code"]["T=0"]["ngram k=4"]
+    assert f["speedup_total"] == pytest.approx((200 / 1500) / (200 / 2000))  # decode time
+    assert f["speedup_e2e"] == pytest.approx((200 / 2300) / (200 / 2800))  # total time
+    assert f["speedup_median"] == pytest.approx(1.5)  # median of 2.0 and 1.0
+    assert f["acceptance_rate"] == pytest.approx(65 / 100)
+    assert f["mean_accepted_length"] == pytest.approx(200 / 135)
+    assert f["greedy_match_rate"] == 0.5 and f["equivalence_ok"] is True
+    assert f["prefill_ms"] == 400.0
+    plain = rep.figures["code"]["T=0"]["plain"]
+    assert plain["speedup_total"] == 1.0 and plain["greedy_match_rate"] == 1.0
+    rec = rep.recommendation["code"]["T=0"]
+    assert rec["best_speculative"] == "ngram k=4"
+    lo, hi = rec["ci95"]
+    assert 1.0 <= lo <= hi <= 2.0
+    assert "all" in rep.figures and "speculate" in rec["text"]
+    assert "ngram k=4" in rep.table() and "| ngram k=4 |" in rep.markdown()
+
+
+def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(smollm2_path),
+            "--draft",
+            str(smollm2_path),
+            "--categories",
+            "code_editing,chat",
+            "--limit",
+            "1",
+            "--max-tokens",
+            "12",
+            "--k",
+            "2,auto",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert set(summary["figures"]) == {"code_editing", "chat", "all"}
+    editing = summary["figures"]["code_editing"]["T=0"]
+    assert set(editing) == {"plain", "model k=2", "ngram k=2", "auto"}
+    assert all(f["equivalence_ok"] for f in editing.values())
+    for name in (
+        "rounds.jsonl",
+        "requests.jsonl",
+        "summary.json",
+        "report.md",
+        "speedup_vs_k.png",
+        "acceptance_by_position.png",
+        "time_split.png",
+        "goodput_vs_temperature.png",
+    ):
+        assert (out / name).stat().st_size > 0
+    assert "Recommendation" in (out / "report.md").read_text()
+
+
+def test_bench_errors(capsys, tmp_path):
+    assert main(["bench", "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read prompts" in capsys.readouterr().err
+    assert main(["bench", "--categories", "nope"]) == 2
+    assert "unknown categories" in capsys.readouterr().err
