@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specwise.bench.report import build
+from specwise.bench.report import against_hindsight, build
 from specwise.bench.session import pick
 from specwise.bench.workloads import CATEGORIES, WorkloadError, builtin, load_jsonl
 from specwise.cli import main
@@ -138,6 +138,39 @@ def test_report_arithmetic_on_hand_made_records():
     assert "ngram k=4" in rep.table() and "| ngram k=4 |" in rep.markdown()
 
 
+def test_auto_against_hindsight():
+    def fig(x):
+        return {"speedup_total": x}
+
+    figures = {
+        "code": {
+            "T=0": {
+                "plain": fig(1.0),
+                "ngram k=4": fig(1.3),
+                "model k=2": fig(0.8),
+                "auto": fig(1.25),
+            }
+        },
+        "chat": {
+            "T=0": {"plain": fig(1.0), "ngram k=4": fig(0.9), "auto": fig(0.98)},
+            "T=0.7": {"plain": fig(1.0), "ngram k=4": fig(1.1)},
+        },  # no auto: no row
+    }
+    h = against_hindsight(figures)
+    assert h["code"]["T=0"] == {
+        "auto": 1.25,
+        "best_fixed": "ngram k=4",
+        "best_fixed_speedup": 1.3,
+        "ratio": pytest.approx(1.25 / 1.3),
+        "faster_than_auto": ["ngram k=4"],
+    }
+    # Every fixed configuration loses to plain: the bar is plain's 1.0.
+    assert h["chat"]["T=0"]["best_fixed"] == "plain"
+    assert h["chat"]["T=0"]["ratio"] == pytest.approx(0.98)
+    assert h["chat"]["T=0"]["faster_than_auto"] == []
+    assert "T=0.7" not in h["chat"]
+
+
 def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(
@@ -178,6 +211,17 @@ def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
     ):
         assert (out / name).stat().st_size > 0
     assert "Recommendation" in (out / "report.md").read_text()
+    assert "k=auto against hindsight" in (out / "report.md").read_text()
+
+    # The report can be rebuilt from the JSONL files alone, also from a run cut short.
+    (out / "report.md").unlink()
+    (out / "summary.json").unlink()
+    with (out / "requests.jsonl").open("a") as f:
+        f.write('{"cut sh')
+    assert main(["bench", "report", str(out)]) == 0
+    rebuilt = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rebuilt["figures"]["code_editing"]["T=0"] == editing
+    assert "Recommendation" in (out / "report.md").read_text()
 
 
 def test_bench_errors(capsys, tmp_path):
@@ -185,3 +229,9 @@ def test_bench_errors(capsys, tmp_path):
     assert "cannot read prompts" in capsys.readouterr().err
     assert main(["bench", "--categories", "nope"]) == 2
     assert "unknown categories" in capsys.readouterr().err
+    assert main(["bench", "report", str(tmp_path)]) == 2
+    assert "holds no bench run" in capsys.readouterr().err
+    (tmp_path / "requests.jsonl").write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    (tmp_path / "rounds.jsonl").write_text("")
+    assert main(["bench", "report", str(tmp_path)]) == 2
+    assert "requests.jsonl:2 is not JSON" in capsys.readouterr().err

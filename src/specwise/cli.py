@@ -179,6 +179,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     if a.bench_command == "load":
         return _bench_load(a)
+    if a.bench_command == "report":
+        from specwise.bench.session import rebuild
+
+        rebuild(Path(a.folder))
+        return 0
     if a.bench_command == "backend":
         from specwise.bench.backend import run_backend_bench
 
@@ -464,6 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--max-tokens", type=int, default=128)
     bb.add_argument("--repeats", type=int, default=3)
     bb.add_argument("--out", help="output folder (default bench-results/<timestamp>-backend)")
+    br = bsub.add_parser(
+        "report", help="rebuild report.md, summary.json and plots from a run's JSONL files"
+    )
+    br.add_argument("folder", help="the run's --out folder")
     bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
     bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     bl.add_argument("--model", help="model name to send (default: none, the server's)")

@@ -1,6 +1,8 @@
 """One `specwise bench` run: pick prompts, run the matrix with a progress bar, write
 rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the table and,
-last, one JSON line. It loads nothing itself: it gets the models from its caller."""
+last, one JSON line. It loads nothing itself: it gets the models from its caller. `rebuild`
+makes the same outputs again from a run's JSONL files (after the report changes, or to
+look at a run that was stopped part way)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from specwise.bench.runner import Options, Runner
 from specwise.bench.workloads import Prompt
 from specwise.trace import JsonlSink
 
-__all__ = ["default_out", "pick", "run_bench"]
+__all__ = ["default_out", "pick", "rebuild", "run_bench"]
 
 
 def default_out() -> Path:
@@ -85,6 +87,49 @@ def run_bench(
         "numeric_noise": runner.noise,
         "near_tie_below": runner.near_tie,
     }
+    return publish(records, rounds, run, out, stream)
+
+
+def rebuild(out: Path, stream=None) -> Report:
+    """Rebuild summary.json, report.md and the plots of the run in `out` from its
+    requests.jsonl and rounds.jsonl (the run's settings come from its summary.json, if any)."""
+    out = Path(out)
+    try:
+        records = _read_jsonl(out / "requests.jsonl")
+        rounds = _read_jsonl(out / "rounds.jsonl")
+    except OSError as e:
+        raise ValueError(
+            f"{out} holds no bench run: cannot read {e.filename} ({e.strerror})"
+        ) from None
+    if not records:
+        raise ValueError(f"{out / 'requests.jsonl'} has no requests; nothing to report")
+    try:
+        run = json.loads((out / "summary.json").read_text())["run"]
+    except (OSError, ValueError, KeyError):
+        run = {"command": "(rebuilt; the run's summary.json is missing)"}
+    prompts = {(r["category"], r["prompt_id"]) for r in records}
+    run = {**run, "prompts": len(prompts), "requests": len(records)}
+    return publish(records, rounds, run, out, stream or sys.stdout)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            # A run killed mid-write leaves its last line cut short; only that one may be.
+            if n < len(lines):
+                raise ValueError(f"{path}:{n} is not JSON; the file is damaged") from None
+    return out
+
+
+def publish(records: list[dict], rounds: list[dict], run: dict, out: Path, stream) -> Report:
+    """Aggregate, write summary.json, report.md and the plots into `out`, print the table,
+    any equivalence failure and, last, the compact summary as one JSON line."""
     report = build(records, rounds, run)
     report.write(out)
     plots = write_plots(report.figures, out)
@@ -120,6 +165,7 @@ def run_bench(
             for cat, by_s in report.figures.items()
         },
         "recommendation": report.recommendation,
+        "auto_vs_hindsight": report.hindsight,
         "equivalence_failures": failed,
         "out": str(out),
     }
