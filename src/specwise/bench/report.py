@@ -311,13 +311,12 @@ def against_hindsight(figures: dict) -> dict[str, dict[str, dict]]:
                 for s, f in by_spec.items()
                 if s not in ("auto", "plain") and f["speedup_total"] is not None
             }
-            best = max(fixed, key=fixed.__getitem__, default="plain")
-            best_speedup = max(fixed.get(best, 1.0), 1.0)
+            best = max({"plain": 1.0, **fixed}.items(), key=lambda kv: kv[1])  # first on a tie
             out.setdefault(cat, {})[sampling] = {
                 "auto": auto,
-                "best_fixed": best if fixed.get(best, 1.0) > 1.0 else "plain",
-                "best_fixed_speedup": best_speedup,
-                "ratio": auto / best_speedup,
+                "best_fixed": best[0],
+                "best_fixed_speedup": best[1],
+                "ratio": auto / best[1],
                 "faster_than_auto": sorted(s for s, x in fixed.items() if x > auto),
             }
     return out
