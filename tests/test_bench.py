@@ -8,9 +8,11 @@ import json
 import pytest
 
 from specwise.bench.report import against_hindsight, build
+from specwise.bench.runner import Options, Runner
 from specwise.bench.session import pick
 from specwise.bench.workloads import CATEGORIES, WorkloadError, builtin, load_jsonl
 from specwise.cli import main
+from toy import ToyLM
 
 
 def write(tmp_path, lines):
@@ -224,7 +226,18 @@ def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
     assert "Recommendation" in (out / "report.md").read_text()
 
 
+def test_fixed_drafters_limit_the_fixed_configurations_not_auto():
+    opts = Options(drafters=["model", "ngram"], ks=[2, 3, "auto"], fixed_drafters=["ngram"])
+    runner = Runner(ToyLM(vocab=12, seed=0), ToyLM(vocab=12, seed=1), opts)
+    assert list(runner.engines) == ["plain", "ngram k=2", "ngram k=3", "auto"]
+    assert [d.name for d in runner.engines["auto"].drafters] == ["model", "ngram"]
+
+
 def test_bench_errors(capsys, tmp_path):
+    assert main(["bench", "--drafter", "ngram", "--fixed-drafter", "model"]) == 2
+    assert "--fixed-drafter model names drafters not in --drafter ngram" in (
+        capsys.readouterr().err
+    )
     assert main(["bench", "--prompts", str(tmp_path / "none.jsonl")]) == 2
     assert "cannot read prompts" in capsys.readouterr().err
     assert main(["bench", "--categories", "nope"]) == 2

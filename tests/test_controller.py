@@ -10,7 +10,7 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.backends.torch_hf import TorchLM
-from specwise.controller import MARGIN, PROBE_FIRST, Batch, Controller, expected_tokens
+from specwise.controller import MARGIN, PROBE_FIRST, PROBE_MAX, Batch, Controller, expected_tokens
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
 from specwise.oracle import plain_decode
@@ -135,6 +135,36 @@ def test_probing_happens_with_doubling_gaps():
     assert probes[0] < PROBE_FIRST
     gaps = np.diff(probes)
     assert list(gaps[:3]) == [2 * PROBE_FIRST, 4 * PROBE_FIRST, 8 * PROBE_FIRST]
+
+
+def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
+    """Weak n-gram matches, known to fail, are never probed; a long match never tried before
+    is, at the length that would be best were it always accepted."""
+    ctl = Controller([Named("ngram", True)], costs(BUMPY, {"ngram": 0.0}))
+    ctl.set_prior("ngram", [0.3] * 8)  # on an average request, speculating does not pay
+    for i in range(300):  # short matches (confidence 0.2) are accepted 1 time in 10
+        ctl.observe("warm", "ngram", Draft([1], None, [0.2]), accepted=int(i % 10 == 0))
+    weak = [ctl.plan("r", room=8, offers={"ngram": [0.2] * 8}) for _ in range(3 * PROBE_FIRST)]
+    assert all(p.drafter is None for p in weak)
+    strong = ctl.plan("r", room=8, offers={"ngram": [0.8] * 8})
+    m, _ = brute_force([1.0] * 8, 0.0, CostCurve(dict(BUMPY)))
+    assert strong.probe and strong.drafter.name == "ngram" and strong.k_max == m
+
+
+def test_no_run_of_failures_locks_a_cheap_drafter_out():
+    """Calibration forgets old outcomes, so a drafter that failed 1000 times is tried again
+    once it starts being accepted (on other requests) — well before the successes outnumber
+    the failures."""
+    ctl = Controller([Named("ngram", True)], costs(BUMPY, {"ngram": 0.0}))
+    ctl.set_prior("ngram", [0.3] * 8)
+    for _ in range(1000):
+        ctl.observe("old", "ngram", Draft([1], None, [0.8]), accepted=0)
+    offer = {"ngram": [0.8] * 8}
+    assert all(ctl.plan("r", room=8, offers=offer).drafter is None for _ in range(3 * PROBE_MAX))
+    for _ in range(150):
+        ctl.observe("other", "ngram", Draft([1], None, [0.8]), accepted=1)
+    plans = [ctl.plan("r2", room=8, offers=offer) for _ in range(PROBE_MAX)]
+    assert any(p.drafter is not None for p in plans)
 
 
 class AlwaysWrong:

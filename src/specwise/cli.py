@@ -194,8 +194,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.max_tokens = a.max_tokens or 64
         a.k = a.k or [4, "auto"]
     drafters = a.drafter.split(",") if a.drafter else ["model", "ngram"]
+    fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
+    if fixed and set(fixed) - set(drafters):
+        raise UsageError(
+            f"--fixed-drafter {a.fixed_drafter} names drafters not in --drafter "
+            f"{','.join(drafters)}; pick among those"
+        )
     options = Options(
         drafters=drafters,
+        fixed_drafters=fixed,
         ks=a.k or [2, 4, 6, 8, "auto"],
         temperatures=a.temperature,
         top_ps=a.top_p,
@@ -442,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark speculative configurations against plain decoding")
     _model_args(b)
     b.add_argument("--k", type=_csv(_k, "k values"), help="k values, e.g. 2,4,6,8,auto")
+    b.add_argument(
+        "--fixed-drafter",
+        help="run only these drafters at the numeric k values (auto still uses every --drafter)",
+    )
     b.add_argument(
         "--temperature",
         type=_csv(float, "numbers"),

@@ -28,9 +28,14 @@ Cheap drafters (n-gram) propose before the decision, and the controller takes th
 A model drafter that has fallen behind the context (it is prefilled only once chosen) must
 first catch up; that one-time cost is spread over the tokens the request has left, so it is
 chosen only when it can pay the catch-up back. When plain wins, each drafter is still probed
-now and then (with doubling gaps while probes keep losing, and only when catching up costs no
-more than one plain round) so a request that becomes predictable is noticed. This module runs
-no model; the engine calls `plan` before and `observe` after each round.
+now and then (with doubling gaps while probes keep losing) so a request that becomes
+predictable is noticed. A cheap drafter is probed only with an offer that would pay on an
+average request by an optimistic reading of its calibration (an upper confidence bound, which
+every bin keeps because old outcomes fade), at the length that reading finds best: on a CPU,
+where verifying 3 tokens costs twice a plain step, probing every weak match is what made
+speculation cost a few percent where it could not pay. A model drafter is probed with 2 tokens,
+and only when catching up costs no more than one plain round. This module runs no model; the
+engine calls `plan` before and `observe` after each round.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -55,6 +61,8 @@ GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
 PRIOR_ALPHA = 0.4  # α before anything was observed (below break-even on slow verification)
 MARGIN = 1.05  # speculate only when expected goodput beats plain decoding's by this factor
 BINS = 10  # confidence calibration bins over [0, 1]
+CAL_WINDOW = 200  # outcomes a calibration bin remembers (older ones fade)
+UCB_Z = 1.645  # width of the optimistic estimate that decides what is worth probing
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 
 
@@ -95,8 +103,25 @@ class _Calibration:
         b = min(int(confidence * BINS), BINS - 1)
         return (self.hits[b] + 2.0 * prior) / (self.seen[b] + 2.0)
 
+    def optimistic(self, confidence: float) -> float:
+        """An upper estimate (Wilson's bound at 95% one-sided), for deciding what is worth
+        trying: 1 for an unseen bin, narrowing towards the observed rate as outcomes come in,
+        never to it, so nothing learnt locks a drafter out for good."""
+        b = min(int(confidence * BINS), BINS - 1)
+        n = self.seen[b]
+        if n <= 0:
+            return 1.0
+        p, z2 = self.hits[b] / n, UCB_Z**2
+        centre = p + z2 / (2 * n)
+        spread = UCB_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return min(1.0, (centre + spread) / (1 + z2 / n))
+
     def observe(self, confidence: float, accepted: bool) -> None:
         b = min(int(confidence * BINS), BINS - 1)
+        if self.seen[b] >= CAL_WINDOW:  # forget old outcomes: keep a window's worth
+            scale = (CAL_WINDOW - 1) / self.seen[b]
+            self.hits[b] *= scale
+            self.seen[b] *= scale
         self.hits[b] += float(accepted)
         self.seen[b] += 1.0
 
@@ -180,8 +205,8 @@ class Controller:
             a = st.request_alpha(rid, cap)
             if d.cheap:  # the offer's own confidences, calibrated, inform the estimate
                 a = [
-                    x if c is None else (x + st.calibration.predict(c)) / 2
-                    for x, c in zip(a, offers[d.name], strict=False)
+                    x if c is None else st.calibrated(c, i, x)
+                    for i, (x, c) in enumerate(zip(a, offers[d.name], strict=False))
                 ]
             e = expected_tokens(a)
             g = [
@@ -196,8 +221,12 @@ class Controller:
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
+            elif d.cheap:
+                probe_m = self._worth_probing(d, offers[d.name], batch, plain_g)
+                if probe_m:
+                    passed_over.append((d, probe_m))
             elif catch_up <= plain_ms:
-                passed_over.append((d, cap))
+                passed_over.append((d, min(cap, 2)))
         if best.drafter is None:
             best = self._probe(rid, passed_over, plain_g) or best
         for d in self.drafters:
@@ -210,17 +239,32 @@ class Controller:
             best = replace(best, keep_going=stop)
         return best
 
+    def _worth_probing(
+        self, d: Drafter, offer: Sequence[float | None], batch: Batch, plain_g: float
+    ) -> int:
+        """The proposal length that would pay were this request an average one and the offer's
+        confidences as good as their calibration optimistically allows; 0 when even that would
+        not beat plain decoding."""
+        st = self._state[d.name]
+        a = [
+            st.global_alpha(i) if c is None else st.calibration.optimistic(c)
+            for i, c in enumerate(offer)
+        ]
+        e = expected_tokens(a)
+        g = [(batch.expected + e[m]) / self._round_ms(d.name, m, batch) for m in range(len(e))]
+        m = max(range(len(g)), key=g.__getitem__)
+        return m if g[m] > plain_g else 0
+
     def _probe(
         self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float
     ) -> Plan | None:
-        """A small proposal from a drafter that plain has beaten for a while, to measure it
-        again; the gap between probes doubles while probes keep losing."""
-        for d, cap in passed_over:
+        """A proposal (drafter, length) from one that plain has beaten for a while, to measure
+        it again; the gap between probes doubles while probes keep losing."""
+        for d, k in passed_over:
             st = self._state[d.name]
             gap = st.gap.setdefault(rid, PROBE_FIRST)
             if st.idle.get(rid, 0) + 1 >= gap:
                 st.gap[rid] = min(gap * 2, PROBE_MAX)
-                k = min(cap, 2)
                 return Plan(d, k, k, plain_g, plain_g, probe=True, reason=f"probing {d.name}")
         return None
 

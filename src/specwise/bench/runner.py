@@ -70,6 +70,7 @@ class Config:
 class Options:
     drafters: list[str] = field(default_factory=lambda: ["model", "ngram"])
     ks: list[int | str] = field(default_factory=lambda: [2, 4, 6, 8, "auto"])
+    fixed_drafters: list[str] | None = None  # drafters run at the fixed k's (None: all)
     temperatures: list[float] | None = None  # None: each category's default
     top_ps: list[float] | None = None
     max_tokens: int = 128
@@ -91,6 +92,8 @@ class Runner:
         self.near_tie = 0.0
         numeric = [k for k in options.ks if k != "auto" and k != 0]
         for name in options.drafters:
+            if options.fixed_drafters is not None and name not in options.fixed_drafters:
+                continue
             for k in numeric:
                 self.engines[f"{name} k={k}"] = Engine(target, self._drafter(name), k=k)
         if "auto" in options.ks:
