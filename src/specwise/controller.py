@@ -99,15 +99,19 @@ class _Calibration:
     hits: list[float] = field(default_factory=lambda: [0.0] * BINS)
     seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
 
+    @staticmethod
+    def _bin(confidence: float) -> int:
+        return min(int(confidence * BINS), BINS - 1)
+
     def predict(self, confidence: float, prior: float = PRIOR_ALPHA) -> float:
-        b = min(int(confidence * BINS), BINS - 1)
+        b = self._bin(confidence)
         return (self.hits[b] + 2.0 * prior) / (self.seen[b] + 2.0)
 
     def optimistic(self, confidence: float) -> float:
         """An upper estimate (Wilson's bound at 95% one-sided), for deciding what is worth
         trying: 1 for an unseen bin, narrowing towards the observed rate as outcomes come in,
         never to it, so nothing learnt locks a drafter out for good."""
-        b = min(int(confidence * BINS), BINS - 1)
+        b = self._bin(confidence)
         n = self.seen[b]
         if n <= 0:
             return 1.0
@@ -117,7 +121,7 @@ class _Calibration:
         return min(1.0, (centre + spread) / (1 + z2 / n))
 
     def observe(self, confidence: float, accepted: bool) -> None:
-        b = min(int(confidence * BINS), BINS - 1)
+        b = self._bin(confidence)
         if self.seen[b] >= CAL_WINDOW:  # forget old outcomes: keep a window's worth
             scale = (CAL_WINDOW - 1) / self.seen[b]
             self.hits[b] *= scale
@@ -208,21 +212,13 @@ class Controller:
                     x if c is None else st.calibrated(c, i, x)
                     for i, (x, c) in enumerate(zip(a, offers[d.name], strict=False))
                 ]
-            e = expected_tokens(a)
-            g = [
-                (batch.expected + e[m])
-                / (self._round_ms(d.name, m, batch) + catch_up * e[m] / max(remaining, 1))
-                if m
-                else plain_g
-                for m in range(len(e))
-            ]
-            m = max(range(len(g)), key=g.__getitem__)
+            m, g, e = self._best_length(d.name, a, batch, catch_up / max(remaining, 1))
             if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
             elif d.cheap:
-                probe_m = self._worth_probing(d, offers[d.name], batch, plain_g)
+                probe_m = self._worth_probing(d, offers[d.name][:cap], batch)
                 if probe_m:
                     passed_over.append((d, probe_m))
             elif catch_up <= plain_ms:
@@ -239,9 +235,21 @@ class Controller:
             best = replace(best, keep_going=stop)
         return best
 
-    def _worth_probing(
-        self, d: Drafter, offer: Sequence[float | None], batch: Batch, plain_g: float
-    ) -> int:
+    def _best_length(
+        self, name: str, a: Sequence[float], batch: Batch, ms_per_expected: float = 0.0
+    ) -> tuple[int, list[float], list[float]]:
+        """(m, G, E): the draft length m <= len(a) with the best goodput G[m] of the round,
+        given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
+        ms_per_expected charges each expected token a share of a one-time cost (a catch-up)."""
+        e = expected_tokens(a)
+        g = [
+            (batch.expected + e[m])
+            / (self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0))
+            for m in range(len(e))
+        ]
+        return max(range(len(g)), key=g.__getitem__), g, e
+
+    def _worth_probing(self, d: Drafter, offer: Sequence[float | None], batch: Batch) -> int:
         """The proposal length that would pay were this request an average one and the offer's
         confidences as good as their calibration optimistically allows; 0 when even that would
         not beat plain decoding."""
@@ -250,10 +258,8 @@ class Controller:
             st.global_alpha(i) if c is None else st.calibration.optimistic(c)
             for i, c in enumerate(offer)
         ]
-        e = expected_tokens(a)
-        g = [(batch.expected + e[m]) / self._round_ms(d.name, m, batch) for m in range(len(e))]
-        m = max(range(len(g)), key=g.__getitem__)
-        return m if g[m] > plain_g else 0
+        m, g, _ = self._best_length(d.name, a, batch)
+        return m if g[m] > g[0] else 0
 
     def _probe(
         self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float
