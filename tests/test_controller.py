@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
+from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
 from specwise.controller import MARGIN, PROBE_FIRST, PROBE_MAX, Batch, Controller, expected_tokens
 from specwise.costs import CostCurve, CostModel, measure_costs
@@ -29,13 +30,16 @@ def costs(curve, draft_ms):
 
 
 def brute_force(alpha, draft_ms, v, batch=None):
-    """argmax over m of (E_others + E(m)) / (D_others + d m + V(T + 1 + m)); plain (m = 0)
-    unless the best speculative choice beats it by MARGIN."""
+    """argmax over m of (E_others + E(m)) / (D_others + d m + V(L_others + [1 + m])); plain
+    (m = 0) unless the best speculative choice beats it by MARGIN. v prices a call's token
+    counts."""
     batch = batch or Batch()
+    if isinstance(v, CostCurve):
+        v = lambda calls, curve=v: curve(sum(n for _, n in calls))  # noqa: E731 - one pass
     g = []
     for m in range(len(alpha) + 1):
-        e = 1 + sum(np.prod(alpha[: i + 1]) for i in range(m))
-        g.append((batch.expected + e) / (batch.draft_ms + draft_ms * m + v(batch.tokens + 1 + m)))
+        cost = batch.draft_ms + draft_ms * m + v((*batch.calls, (batch.seq, 1 + m)))
+        g.append((batch.expected + 1 + sum(np.prod(alpha[: i + 1]) for i in range(m))) / cost)
     best = max(range(1, len(g)), key=g.__getitem__)
     return (best, g[best]) if g[best] > MARGIN * g[0] else (0, g[0])
 
@@ -95,12 +99,11 @@ def test_batch_makes_speculation_back_off():
     ctl = Controller([Named("ngram", True)], costs(curve, {"ngram": 0.0}))
     ctl.set_prior("ngram", [0.9] * 8)
     alone = ctl.plan("a", room=8, offers={"ngram": [None] * 8})
-    crowded = ctl.plan(
-        "b", room=8, batch=Batch(tokens=8, expected=8.0), offers={"ngram": [None] * 8}
-    )
+    eight = Batch(tuple((q, 1) for q in range(1, 9)), expected=8.0)
+    crowded = ctl.plan("b", room=8, batch=eight, offers={"ngram": [None] * 8})
     assert alone.drafter is not None and alone.planned == 3
     assert crowded.drafter is None
-    m, _ = brute_force([0.9] * 8, 0.0, CostCurve(curve), Batch(tokens=8, expected=8.0))
+    m, _ = brute_force([0.9] * 8, 0.0, CostCurve(curve), eight)
     assert m == 0
 
 
@@ -260,3 +263,77 @@ def test_a_catch_up_is_paid_back_only_over_enough_tokens():
     assert ctl.plan("short", room=8, lags=lags, remaining=10).drafter is None
     assert ctl.plan("long", room=8, lags=lags, remaining=2000).drafter is not None
     assert ctl.plan("fresh", room=8, lags={"model": 0}, remaining=10).drafter is not None
+
+
+# Measured on this machine (qwen2.5-coder-1.5b Q4_K_M, llama.cpp, 2 threads, BENCHMARKS.md §4):
+# one sequence by tokens, and passes over several sequences (sequences, tokens each).
+SOLO = {1: 75.0, 2: 123.0, 3: 175.0, 4: 156.0, 5: 222.0, 6: 215.0, 7: 274.0, 8: 263.0}
+SHARED = {(2, 1): 120.0, (2, 4): 251.0, (4, 1): 129.0, (4, 4): 361.0, (8, 1): 258.0}
+
+
+class LlamaLike:
+    """Stands in for a llama.cpp target whose sequences sit in the slots of their ids: only how
+    it splits a call matters to the plan."""
+
+    def passes(self, calls):
+        return equal_passes(calls)
+
+
+def shared_costs():
+    return CostModel(CostCurve(dict(SOLO)), {"ngram": 0.0}, overhead_ms=0.0, batched=dict(SHARED))
+
+
+def others(*tokens, start=1):
+    """The rest of a batch, in consecutive slots from `start` (the planned request is in 0)."""
+    return Batch(tuple(enumerate(tokens, start)), expected=float(len(tokens)))
+
+
+BATCHES = [others(), others(1), others(1, 1, 1), others(5, 1, 1), others(*[1] * 7)]
+BATCHES += [others(5, 5, 5), others(1, 1, start=2), others(1, 1, 1, start=5)]  # free slots
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("alpha", [0.95, 0.8, 0.5])
+def test_a_batched_plan_is_priced_by_the_passes_its_call_runs_in(batch, alpha):
+    model = shared_costs()
+    ctl = Controller([Named("ngram", True)], model)
+    ctl.bind(LlamaLike())
+    ctl.set_prior("ngram", [alpha] * 8)
+    plan = ctl.plan("r", room=7, batch=batch, offers={"ngram": [None] * 7})
+    m, g = brute_force([alpha] * 7, 0.0, lambda calls: model.call_ms(equal_passes(calls)), batch)
+    assert plan.planned == m
+    assert plan.expected_goodput == pytest.approx(g)
+
+
+def test_a_draft_that_needs_a_pass_of_its_own_backs_off_where_one_pass_pricing_would_not():
+    def plan(bound: bool, batch):
+        ctl = Controller([Named("ngram", True)], shared_costs())
+        if bound:
+            ctl.bind(LlamaLike())
+        ctl.set_prior("ngram", [0.95] * 8)
+        return ctl.plan("r", room=4, batch=batch, offers={"ngram": [None] * 4})
+
+    assert plan(True, others()).drafter is not None  # alone it pays
+    assert plan(False, others(1, 1, 1)).drafter is not None  # priced as one pass of 8 tokens
+    assert plan(True, others(1, 1, 1)).drafter is None  # 4x1 + 1x4 passes: plain is faster
+    assert plan(True, others(5, 5, 5)).drafter is not None  # joining a 4x4 pass is cheap
+
+
+def test_the_engine_learns_what_its_batched_calls_cost():
+    class Split(ToyLM):
+        def passes(self, calls):
+            return equal_passes(calls)  # toy sequences 0, 1, ... as if in those slots
+
+    lm = Split(vocab=12, seed=0, delay_ms=(2.0, 1.0))
+    drafters = [NgramDrafter()]
+    model = costs({n: 2.0 + n for n in range(1, 17)}, {"ngram": 0.0})
+    eng = Engine(lm, drafters, k="auto", controller=Controller(drafters, model))
+    params = SamplingParams(max_tokens=12)
+    reqs = [eng.start([1, 2, 3], params), eng.start([4, 5, 6], params)]
+    while not all(r.done for r in reqs):
+        eng.step(reqs)
+    assert (2, 1) in model.batched  # both decoded plainly in one pass at least once
+    assert [eng.finish(r).tokens for r in reqs] == [
+        plain_decode(lm, [1, 2, 3], params),
+        plain_decode(lm, [4, 5, 6], params),
+    ]

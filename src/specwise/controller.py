@@ -5,12 +5,15 @@ The decision (names as in DESIGN.md §4): with a_i the predicted conditional acc
 position i, a request proposing m tokens emits E(m) = 1 + Σ_{i<=m} Π_{j<=i} a_j tokens. A round
 is one target call shared by the batch, so the controller maximises the batch's goodput
 
-    G(m) = (E_others + E(m)) / (D_others + d·m + V(T_others + 1 + m) + overhead)
+    G(m) = (E_others + E(m)) / (D_others + d·m + V(L_others + [1 + m]) + overhead)
 
-where d is the drafter's measured ms per token, V(n) the measured time of a target forward of
-n tokens, and the *_others terms are what the rest of the batch already put in the call (for a
-single request they are 0). Plain decoding is m = 0. As the batch grows, the extra verify tokens
-cost more than they return, so speculation backs off by itself.
+where d is the drafter's measured ms per token, V(L) the measured time of a target call with
+the token counts L by sequence, and the *_others terms are what the rest of the batch already
+put in the call (for a single request they are 0, and V(1 + m) is the cost curve). V prices a
+call as the passes the backend runs it in (`LM.passes`): on llama.cpp a sequence with more
+tokens than the rest costs a pass of its own, so in a batch a draft pays only if it is accepted
+far enough to beat that pass. Plain decoding is m = 0. As the batch grows, the extra verify
+tokens cost more than they return, so speculation backs off by itself.
 
 Where a_i comes from:
 - per request and drafter, an exponential average of the observed α_i by position, started
@@ -45,11 +48,12 @@ import json
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specwise.costs import CostModel
+from specwise.backends.base import LM
+from specwise.costs import CostModel, Pass
 from specwise.drafters.base import Draft, Drafter, KeepGoing
 
 __all__ = ["Batch", "Controller", "Plan"]
@@ -68,11 +72,13 @@ PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain 
 
 @dataclass(frozen=True)
 class Batch:
-    """What the rest of the batch already put into this round's target call."""
+    """What the rest of the batch already put into this round's target call, and the sequence
+    of the request being planned."""
 
-    tokens: int = 0
+    calls: tuple[tuple[int, int], ...] = ()  # (seq, tokens) of each of the other sequences
     expected: float = 0.0  # tokens those requests are expected to emit
     draft_ms: float = 0.0
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,10 @@ class _DrafterState:
         return a[:n]
 
 
+def _one_pass(calls: Sequence[tuple[int, int]]) -> list[Pass]:
+    return [(1, sum(n for _, n in calls))]
+
+
 def expected_tokens(a: Sequence[float]) -> list[float]:
     """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j."""
     out, run, prod = [1.0], 1.0, 1.0
@@ -175,10 +185,16 @@ class Controller:
         self.max_k = max_k
         self._state = {d.name: _DrafterState() for d in self.drafters}
         self._memory: Path | None = None
+        self._passes: Callable[[Sequence[tuple[int, int]]], list[Pass]] = _one_pass
+
+    def bind(self, target: LM) -> None:
+        """Price target calls the way `target` runs them (until bound: one pass of all tokens)."""
+        self._passes = target.passes
 
     def _round_ms(self, name: str | None, m: int, batch: Batch) -> float:
         d = self.costs.draft_ms_per_token.get(name, 0.0) * m if name else 0.0
-        return batch.draft_ms + d + self.costs.target(batch.tokens + 1 + m) + self.costs.overhead_ms
+        verify = self.costs.call_ms(self._passes((*batch.calls, (batch.seq, 1 + m))))
+        return batch.draft_ms + d + verify + self.costs.overhead_ms
 
     def plan(
         self,

@@ -3,8 +3,11 @@
 `CostCurve` maps tokens-in-one-call to milliseconds (median of repeats after a warm-up) and
 is updated from the rounds actually run. `measure_curve` calibrates one; `CostModel` holds the
 target's curve, each drafter's cost per proposed token and the per-round overhead, and is
-cached on disk keyed by model files, backend, threads and machine. The numbers feed the
-controller and the bench; this module decides nothing.
+cached on disk keyed by model files, backend, threads and machine. A call that serves several
+sequences runs as the backend's passes (`LM.passes`: sequences x tokens each); `CostModel`
+prices it as the sum of its passes, a pass of one sequence by the curve and a pass of several
+by what such passes were observed to cost (the curve at the pass's total tokens until then).
+The numbers feed the controller and the bench; this module decides nothing.
 """
 
 from __future__ import annotations
@@ -27,10 +30,24 @@ from specwise.backends.base import LM
 if TYPE_CHECKING:
     from specwise.drafters.base import Drafter
 
-__all__ = ["CostCurve", "CostModel", "cache_key", "calibrated", "measure_costs", "measure_curve"]
+__all__ = [
+    "CostCurve",
+    "CostModel",
+    "Pass",
+    "cache_key",
+    "calibrated",
+    "measure_costs",
+    "measure_curve",
+]
 
 _CAL_SEQ = -2  # a sequence id the engine never uses
 EMA = 0.1  # weight of one new observation
+
+
+def _blend(table: dict, key: object, value: float) -> None:
+    """table[key] moves towards value by EMA (is set to it when new)."""
+    old = table.get(key)
+    table[key] = value if old is None else (1 - EMA) * old + EMA * value
 
 
 @dataclass
@@ -58,8 +75,7 @@ class CostCurve:
 
     def observe(self, n: int, ms: float) -> None:
         """Blend one observed call into the curve."""
-        old = self.ms.get(n)
-        self.ms[n] = ms if old is None else (1 - EMA) * old + EMA * ms
+        _blend(self.ms, n, ms)
 
     def relative(self) -> dict[int, float]:
         base = self.ms.get(1) or next(iter(self.ms.values()))
@@ -141,23 +157,47 @@ def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
     return model
 
 
+Pass = tuple[int, int]  # one pass of the target inside a call: (sequences, tokens each)
+
+
 @dataclass
 class CostModel:
-    """The costs the controller plans with: target curve, drafter ms per token, overhead."""
+    """The costs the controller plans with: target curve, drafter ms per token, overhead, and
+    the observed cost of passes over several sequences."""
 
     target: CostCurve
     draft_ms_per_token: dict[str, float] = field(default_factory=dict)
     overhead_ms: float = 0.5
     catch_up_ms_per_token: dict[str, float] = field(default_factory=dict)
+    batched: dict[Pass, float] = field(default_factory=dict)
 
-    def observe_verify(self, tokens: int, ms: float) -> None:
-        self.target.observe(tokens, ms)
+    def pass_ms(self, seqs: int, tokens: int) -> float:
+        """One pass of `seqs` sequences with `tokens` tokens each."""
+        if seqs == 1:
+            return self.target(tokens)
+        return self.batched.get((seqs, tokens)) or self.target(seqs * tokens)
+
+    def call_ms(self, passes: Sequence[Pass]) -> float:
+        """One target call that runs as these passes."""
+        return sum(self.pass_ms(s, n) for s, n in passes)
+
+    def observe_verify(self, passes: Sequence[Pass], ms: float) -> None:
+        """Blend one observed call into the cost of its passes, shared out among them in
+        proportion to what each was expected to cost."""
+        predicted = [self.pass_ms(s, n) for s, n in passes]
+        total = sum(predicted)
+        if total <= 0:
+            return
+        for (s, n), p in zip(passes, predicted, strict=True):
+            share = ms * p / total
+            if s == 1:
+                self.target.observe(n, share)
+            else:
+                _blend(self.batched, (s, n), share)
 
     def observe_draft(self, drafter: str, proposed: int, ms: float) -> None:
         if proposed > 0:
-            old = self.draft_ms_per_token.get(drafter)
-            per = ms / proposed
-            self.draft_ms_per_token[drafter] = per if old is None else (1 - EMA) * old + EMA * per
+            _blend(self.draft_ms_per_token, drafter, ms / proposed)
 
     def observe_overhead(self, ms: float) -> None:
         self.overhead_ms = (1 - EMA) * self.overhead_ms + EMA * ms
@@ -169,6 +209,7 @@ class CostModel:
             "draft_ms_per_token": self.draft_ms_per_token,
             "overhead_ms": self.overhead_ms,
             "catch_up_ms_per_token": self.catch_up_ms_per_token,
+            "batched": [[s, n, ms] for (s, n), ms in sorted(self.batched.items())],
         }
 
     @classmethod
@@ -180,6 +221,7 @@ class CostModel:
             catch_up_ms_per_token={
                 k: float(v) for k, v in data.get("catch_up_ms_per_token", {}).items()
             },
+            batched={(int(s), int(n)): float(ms) for s, n, ms in data.get("batched", [])},
         )
 
     def save(self, path: Path) -> None:

@@ -97,6 +97,7 @@ class Engine:
                     controller.remember(
                         home() / "controller" / f"{cache_key(target, drafters)}.json"
                     )
+            controller.bind(target)
             self.controller = controller
         self._seq_ids = itertools.count()
 
@@ -329,21 +330,19 @@ class Engine:
 
         # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts.
         chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
-        others = Batch(tokens=len(live), expected=float(len(live)))  # all plain, to start
+        counts = {r.seq: 1 for r in live}  # tokens each puts in the call: plain, to start
+        expected, draft_ms = float(len(live)), 0.0  # tokens expected, drafting time so far
         for r in live:
             r.lag = 0
-            others = Batch(others.tokens - 1, others.expected - 1.0, others.draft_ms)
+            others = tuple((q, n) for q, n in counts.items() if q != r.seq)
             t = time.perf_counter()
-            d, draft, plan = self._propose(r, others)
+            d, draft, plan = self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
             draft = draft.prefix(self._room(r))  # a drafter must not overshoot
             ms = (time.perf_counter() - t) * _ms
             chosen.append((d if draft.tokens else None, draft, plan, ms))
-            expected = plan.expected_tokens if plan is not None and draft.tokens else 1.0
-            others = Batch(
-                others.tokens + 1 + len(draft.tokens),
-                others.expected + expected,
-                others.draft_ms + ms,
-            )
+            counts[r.seq] = 1 + len(draft.tokens)
+            expected += (plan.expected_tokens if plan is not None and draft.tokens else 1.0) - 1.0
+            draft_ms += ms
         t1 = time.perf_counter()
 
         # 2. Score: one target forward over the batch, [last emitted token] + draft each.
@@ -368,7 +367,7 @@ class Engine:
         overhead_ms = (t3 - t2) * _ms
         if self.controller is not None:
             costs = self.controller.costs
-            costs.observe_verify(sum(len(toks) for _, toks in calls), verify_ms)
+            costs.observe_verify(self.target.passes([(q, len(t)) for q, t in calls]), verify_ms)
             costs.observe_overhead(overhead_ms)
             for r, (d, draft, _, ms) in zip(live, chosen, strict=True):
                 if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round

@@ -3,9 +3,15 @@
 One llama context serves several sequences: each specwise sequence id is mapped to a llama
 sequence slot on its first forward and freed by `release`. Each slot has its own KV stream
 (`kv_unified = false`), so a sequence's cache cells, and therefore its logits, do not depend on
-what other sequences did before or beside it: batched output equals solo output exactly. `forward` puts every (sequence,
-tokens) pair of a batch into ONE `llama_decode` call (split only where a call would exceed
-`n_batch` tokens) and copies out just the logits rows asked for. `truncate` removes the cache
+what other sequences did before or beside it: batched output equals solo output exactly.
+`forward` puts every (sequence, tokens) pair of a batch into ONE `llama_decode` call (split only
+where a call would exceed `n_batch` tokens), in slot order, and copies out just the logits rows
+asked for. With one stream per slot, llama.cpp runs a call as passes over runs of consecutive
+slots in which every sequence contributes the same number of tokens (`equal_passes`): out of
+slot order, or with a free slot between two sequences, a batch of single tokens costs several
+passes, and a call where one sequence brings 5 tokens and three bring 1 costs a pass of 4x1
+plus a pass of 1x4, nearly twice the all-1 call (BENCHMARKS.md §4). So a new sequence takes the
+lowest free slot, and the batch is fed in slot order. `truncate` removes the cache
 cells past the kept length (`llama_memory_seq_rm`), so rollback costs no recomputation.
 Tokenizer and chat template come from the GGUF file. This module does no sampling.
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import heapq
 import os
 import threading
 import time
@@ -29,7 +36,7 @@ import numpy as np
 
 from specwise.backends.base import BackendInfo, check_append, check_truncate
 
-__all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "system_info"]
+__all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "equal_passes", "system_info"]
 
 _lib = None
 _log_lock = threading.Lock()
@@ -206,6 +213,7 @@ class LlamaCppLM:
         self._mem = lib.llama_get_memory(self._ctx)
         self.context_length = per_seq
         self.n_batch = n_batch
+        self._n_ubatch = cparams.n_ubatch
         self.max_sequences = max_sequences
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
@@ -213,7 +221,7 @@ class LlamaCppLM:
         self.info = BackendInfo("llama_cpp", str(path), self.threads, _fingerprint(path))
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
-        self._free = list(range(max_sequences - 1, -1, -1))
+        self._free = list(range(max_sequences))  # a heap: the lowest free slot is taken first
         self._lengths: dict[int, int] = {}
         self.copy_ms = 0.0  # total time spent copying logits out of llama.cpp (for profiling)
 
@@ -226,7 +234,7 @@ class LlamaCppLM:
                     f"all {self.max_sequences} sequence slots of this llama.cpp context are in "
                     f"use; release a sequence first or load with a larger max_sequences"
                 )
-            slot = self._slots[seq] = self._free.pop()
+            slot = self._slots[seq] = heapq.heappop(self._free)
         return slot
 
     def forward(
@@ -238,6 +246,7 @@ class LlamaCppLM:
             have = self._lengths.get(seq, 0)
             check_append(seq, have, len(tokens), self.context_length)
             plan.append((self._slot(seq), have, tokens))
+        order = sorted(range(len(plan)), key=lambda e: plan[e][0])  # by slot: see `passes`
         rows: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         outputs: list[int] = []  # entry of each logits row of the pending call
         fill = 0
@@ -266,7 +275,8 @@ class LlamaCppLM:
             fill = 0
 
         try:
-            for e, (slot, start, tokens) in enumerate(plan):
+            for e in order:
+                slot, start, tokens = plan[e]
                 last = len(tokens) - 1
                 for i, t in enumerate(tokens):
                     if fill == self.n_batch:
@@ -291,6 +301,11 @@ class LlamaCppLM:
             self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in rows]
 
+    def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        free = iter(sorted(self._free))  # a new sequence would take the lowest free slot
+        slots = [(self._slots[q] if q in self._slots else next(free, -1), n) for q, n in calls]
+        return equal_passes(slots, self._n_ubatch)
+
     def length(self, seq: int) -> int:
         return self._lengths.get(seq, 0)
 
@@ -308,7 +323,7 @@ class LlamaCppLM:
         self._lengths.pop(seq, None)
         if slot is not None:
             self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
-            self._free.append(slot)
+            heapq.heappush(self._free, slot)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -320,6 +335,30 @@ class LlamaCppLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown may have torn down ctypes
             self.close()
+
+
+def equal_passes(slots: Sequence[tuple[int, int]], n_ubatch: int = 512) -> list[tuple[int, int]]:
+    """How llama.cpp runs one call over (slot, tokens) pairs with a KV stream per slot (its
+    sequential equal split): each pass takes the run of consecutive slots, from the lowest with
+    tokens left, and from each of them as many tokens as the shortest has left (at most
+    n_ubatch in all). Returns (sequences, tokens each) per pass. So four sequences with one
+    token each cost one pass in slots 0-3 and four in slots 0, 2, 4, 6; and one sequence with
+    more tokens than the rest costs a pass of its own."""
+    left = dict(sorted((s, n) for s, n in slots if n > 0))
+    out: list[tuple[int, int]] = []
+    while left:
+        run: list[int] = []
+        for s in left:
+            if run and s != run[-1] + 1:
+                break
+            run.append(s)
+        c = min(min(left[s] for s in run), max(1, n_ubatch // len(run)))
+        out.append((len(run), c))
+        for s in run:
+            left[s] -= c
+            if not left[s]:
+                del left[s]
+    return out
 
 
 def _fingerprint(path: Path) -> str:

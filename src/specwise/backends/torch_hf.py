@@ -163,6 +163,10 @@ class TorchLM:
                 logits = res.logits[0].float().numpy()  # [n or 1, V]
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
 
+    def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """One pass per sequence (`forward` feeds them one after another)."""
+        return [(1, n) for _, n in calls if n > 0]
+
     def length(self, seq: int) -> int:
         return self._lengths.get(seq, 0)
 

@@ -1,0 +1,69 @@
+"""The cost model: calls priced as the passes they run in, learnt from the calls observed."""
+
+from __future__ import annotations
+
+import pytest
+
+from specwise.backends.llama_cpp import LlamaCppLM, equal_passes
+from specwise.costs import CostCurve, CostModel
+
+
+def in_slots(*tokens):
+    return list(enumerate(tokens))
+
+
+def test_llama_cpp_runs_a_call_as_equal_passes_over_consecutive_slots():
+    assert equal_passes(in_slots(1)) == [(1, 1)]
+    assert equal_passes(in_slots(1, 1, 1, 1)) == [(4, 1)]
+    assert equal_passes(in_slots(5, 1, 1, 1)) == [(4, 1), (1, 4)]
+    assert equal_passes(in_slots(1, 3, 3, 5)) == [(4, 1), (3, 2), (1, 2)]
+    assert equal_passes(in_slots(1, 5, 1, 5)) == [(4, 1), (1, 4), (1, 4)]  # runs break
+    assert equal_passes([(3, 1), (0, 1), (2, 1)]) == [(1, 1), (2, 1)]  # slot 1 is free
+    assert equal_passes([(0, 1), (2, 1), (4, 1), (6, 1)]) == [(1, 1)] * 4
+    assert equal_passes(in_slots(4, 4, 0)) == [(2, 4)]
+    assert equal_passes([]) == []
+    assert equal_passes(in_slots(300, 300), n_ubatch=512) == [(2, 256), (2, 44)]
+
+
+def test_a_llama_cpp_lm_fills_the_lowest_free_slot_and_reports_its_split(smollm2_path):
+    lm = LlamaCppLM(smollm2_path, context_length=64, max_sequences=4)
+    for seq in (10, 11, 12):
+        lm.forward([(seq, [1, 2])], last_only=True)
+    assert lm.passes([(12, 1), (10, 1), (11, 1)]) == [(3, 1)]
+    lm.release(11)
+    assert lm.passes([(10, 1), (12, 1)]) == [(1, 1), (1, 1)]
+    assert lm.passes([(10, 1), (12, 1), (13, 1)]) == [(3, 1)]  # 13 would take the free slot
+    lm.forward([(13, [1, 2])], last_only=True)
+    assert lm.passes([(12, 3), (10, 1), (13, 1)]) == [(3, 1), (1, 2)]
+    lm.close()
+
+
+def model() -> CostModel:
+    return CostModel(CostCurve({1: 10.0, 2: 14.0, 4: 20.0, 8: 30.0}), overhead_ms=0.0)
+
+
+def test_a_call_costs_the_sum_of_its_passes():
+    m = model()
+    assert m.call_ms([(1, 2)]) == 14.0
+    assert m.call_ms([(4, 1)]) == 20.0  # not seen yet: the curve at the pass's total tokens
+    m.batched[(4, 1)] = 12.0
+    assert m.call_ms([(4, 1), (1, 4)]) == 32.0
+
+
+def test_observed_calls_are_shared_out_among_their_passes():
+    m = model()
+    m.observe_verify([(4, 1)], 16.0)
+    assert m.batched[(4, 1)] == 16.0  # first sight: taken as is
+    m.observe_verify([(4, 1), (1, 4)], 72.0)  # expected 16 + 20: both twice as slow
+    assert m.batched[(4, 1)] == pytest.approx(0.9 * 16.0 + 0.1 * 32.0)
+    assert m.target.ms[4] == pytest.approx(0.9 * 20.0 + 0.1 * 40.0)
+    assert m.target.ms[1] == 10.0  # passes of one sequence are the curve, untouched here
+
+
+def test_batched_costs_survive_a_save(tmp_path):
+    m = model()
+    m.observe_verify([(2, 3)], 25.0)
+    m.save(tmp_path / "c.json")
+    back = CostModel.load(tmp_path / "c.json")
+    assert back is not None and back.batched == {(2, 3): 25.0}
+    assert back.target.ms == m.target.ms
