@@ -25,13 +25,13 @@ def test_llama_cpp_runs_a_call_as_equal_passes_over_consecutive_slots():
     assert equal_passes(in_slots(300, 300), n_ubatch=512) == [(2, 256), (2, 44)]
 
 
-def test_a_llama_cpp_lm_fills_the_lowest_free_slot_and_reports_its_split(smollm2_path):
+def test_a_llama_cpp_lm_keeps_its_sequences_in_the_lowest_slots_and_reports_its_split(smollm2_path):
     lm = LlamaCppLM(smollm2_path, context_length=64, max_sequences=4)
     for seq in (10, 11, 12):
         lm.forward([(seq, [1, 2])], last_only=True)
     assert lm.passes([(12, 1), (10, 1), (11, 1)]) == [(3, 1)]
-    lm.release(11)
-    assert lm.passes([(10, 1), (12, 1)]) == [(1, 1), (1, 1)]
+    lm.release(11)  # 12 moves down into its slot
+    assert lm.passes([(10, 1), (12, 1)]) == [(2, 1)]
     assert lm.passes([(10, 1), (12, 1), (13, 1)]) == [(3, 1)]  # 13 would take the free slot
     lm.forward([(13, [1, 2])], last_only=True)
     assert lm.passes([(12, 3), (10, 1), (13, 1)]) == [(3, 1), (1, 2)]

@@ -75,6 +75,23 @@ def test_sequences_are_isolated(smollm2):
     smollm2.release(8)
 
 
+def test_a_release_moves_the_highest_sequence_down_with_its_cache(smollm2_path):
+    lm = LlamaCppLM(smollm2_path, context_length=128, max_sequences=3)
+    ids = lm.tokenizer.encode(TEXT)
+    a, b, c = ids[:10], list(reversed(ids))[:12], ids[3:20]
+    b_last = [lm.forward([(q, t)], last_only=True)[0] for q, t in ((0, a), (1, b), (2, c))][1]
+    before = lm.forward([(2, ids[20:24])])[0]
+    lm.truncate(2, len(c))
+    lm.release(1)  # sequence 2 moves from slot 2 to slot 1
+    assert lm.passes([(0, 1), (2, 1)]) == [(2, 1)]
+    # a new sequence fills slot 2 before sequence 2 runs again: the copy must come first
+    np.testing.assert_allclose(lm.forward([(3, b)], last_only=True)[0], b_last, atol=1e-3)
+    after = lm.forward([(2, ids[20:24])])[0]
+    np.testing.assert_allclose(after, before, atol=1e-3)
+    assert (after.argmax(-1) == before.argmax(-1)).all()
+    lm.close()
+
+
 def test_long_prompt_is_split_over_calls(smollm2_path):
     lm = LlamaCppLM(smollm2_path, context_length=256, n_batch=32)
     ids = (lm.tokenizer.encode(TEXT) * 5)[:100]

@@ -10,8 +10,9 @@ asked for. With one stream per slot, llama.cpp runs a call as passes over runs o
 slots in which every sequence contributes the same number of tokens (`equal_passes`): out of
 slot order, or with a free slot between two sequences, a batch of single tokens costs several
 passes, and a call where one sequence brings 5 tokens and three bring 1 costs a pass of 4x1
-plus a pass of 1x4, nearly twice the all-1 call (BENCHMARKS.md §4). So a new sequence takes the
-lowest free slot, and the batch is fed in slot order. `truncate` removes the cache
+plus a pass of 1x4, nearly twice the all-1 call (BENCHMARKS.md §4). So the batch is fed in slot
+order, a new sequence takes the lowest free slot, and a release moves the sequence in the
+highest slot down into the freed one. `truncate` removes the cache
 cells past the kept length (`llama_memory_seq_rm`), so rollback costs no recomputation.
 Tokenizer and chat template come from the GGUF file. This module does no sampling.
 
@@ -324,6 +325,21 @@ class LlamaCppLM:
         if slot is not None:
             self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
             heapq.heappush(self._free, slot)
+            self._compact()
+
+    def _compact(self) -> None:
+        """Keep the sequences in the lowest slots: a free slot below a used one costs every
+        later batch one more pass, moving the highest sequence down costs one copy of its KV
+        stream (llama.cpp copies it, cell for cell, before the next decode)."""
+        while self._free and self._slots:
+            seq, high = max(self._slots.items(), key=lambda item: item[1])
+            low = self._free[0]
+            if high < low:
+                return
+            self._lib.llama_memory_seq_cp(self._mem, high, low, -1, -1)
+            self._lib.llama_memory_seq_rm(self._mem, high, -1, -1)
+            heapq.heapreplace(self._free, high)
+            self._slots[seq] = low
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
