@@ -248,3 +248,26 @@ def test_bench_errors(capsys, tmp_path):
     (tmp_path / "rounds.jsonl").write_text("")
     assert main(["bench", "report", str(tmp_path)]) == 2
     assert "requests.jsonl:2 is not JSON" in capsys.readouterr().err
+    assert main(["bench", "batch", "--sequences", "1"]) == 2
+    assert "--sequences 1 is invalid" in capsys.readouterr().err
+    url = ["bench", "load", "--url", "http://127.0.0.1:9"]
+    assert main([*url, "--rounds", "0"]) == 2
+    assert "--rounds 0 is invalid" in capsys.readouterr().err
+    assert main([*url, "--requests", "0"]) == 2
+    assert "--requests 0 is invalid" in capsys.readouterr().err
+
+
+def test_batch_bench_measures_shapes_and_prices_them_by_their_passes(smollm2_path, tmp_path):
+    from specwise.backends.llama_cpp import LlamaCppLM
+    from specwise.bench.backend import batch_costs
+
+    lm = LlamaCppLM(smollm2_path, context_length=64, max_sequences=3)
+    got = batch_costs(lm, sequences=2, repeats=1, context=16)
+    rows = {(r["sequences"], r["shape"], r.get("m")): r for r in got["rows"]}
+    assert {(1, "all", m) for m in (0, 1, 2, 3, 4, 8)} <= set(rows)
+    one = rows[(2, "one +3", None)]
+    assert one["passes"] == [(2, 1), (1, 3)]
+    assert one["predicted_ms"] == pytest.approx(rows[(2, "all", 0)]["ms"] + got["curve"][3])
+    assert rows[(2, "gap, +0", None)]["passes"] == [(1, 1), (1, 1)]
+    assert all(r["ms"] > 0 for r in got["rows"])
+    assert all(lm.length(q) == 0 for q in range(3))  # released

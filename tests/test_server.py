@@ -298,6 +298,7 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
         ks=["auto", 0],
         api_key=None,
         out=tmp_path / "load",
+        rounds=2,
     )
     levels = run_load(opts)
     assert [(lv["concurrency"], lv["k"]) for lv in levels] == [
@@ -307,6 +308,13 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
         (2, 0),
     ]
     assert all(lv["errors"] == 0 and lv["throughput_tokens_per_s"] > 0 for lv in levels)
+    assert all(lv["requests"] == 4 and len(lv["throughput_by_round"]) == 2 for lv in levels)
     assert all(lv["ttft_s"]["p50"] is not None for lv in levels)
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["levels"]
+    out = capsys.readouterr().out
+    ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
+    assert [(q["concurrency"], q["k"], q["vs"], len(q["by_round"])) for q in ratios] == [
+        (1, "auto", 0, 2),
+        (2, "auto", 0, 2),
+    ]
+    assert "concurrency   1: k=auto / k=0 = " in out
     assert (tmp_path / "load" / "throughput.png").exists()

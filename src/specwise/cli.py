@@ -149,6 +149,8 @@ def _bench_load(a: argparse.Namespace) -> int:
 
     if a.requests < 1:
         raise UsageError(f"--requests {a.requests} is invalid; use an integer >= 1")
+    if a.rounds < 1:
+        raise UsageError(f"--rounds {a.rounds} is invalid; use an integer >= 1")
     if not a.concurrency or min(a.concurrency) < 1:
         raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4,8")
     if not a.url.startswith(("http://", "https://")):
@@ -164,6 +166,7 @@ def _bench_load(a: argparse.Namespace) -> int:
         max_tokens=a.max_tokens,
         ks=a.k or [None],
         api_key=a.api_key or os.environ.get("SPECWISE_API_KEY"),
+        rounds=a.rounds,
         out=Path(a.out)
         if a.out
         else Path("bench-results") / (datetime.now().strftime("%Y%m%d-%H%M%S") + "-load"),
@@ -184,6 +187,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         rebuild(Path(a.folder))
         return 0
+    if a.bench_command == "batch":
+        from specwise.bench.backend import run_batch_bench
+
+        if a.sequences < 2:
+            raise UsageError(f"--sequences {a.sequences} is invalid; use an integer >= 2")
+        target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences + 1)
+        return run_batch_bench(target, a)
     if a.bench_command == "backend":
         from specwise.bench.backend import run_backend_bench
 
@@ -480,6 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--max-tokens", type=int, default=128)
     bb.add_argument("--repeats", type=int, default=3)
     bb.add_argument("--out", help="output folder (default bench-results/<timestamp>-backend)")
+    bt = bsub.add_parser(
+        "batch", help="what batched target calls cost by shape, measured and as the model prices"
+    )
+    _model_args(bt)
+    bt.add_argument("--sequences", type=int, default=8, help="the largest batch (default 8)")
+    bt.add_argument("--repeats", type=int, default=5)
+    bt.add_argument("--out", help="output folder (default bench-results/<timestamp>-batch)")
     br = bsub.add_parser(
         "report", help="rebuild report.md, summary.json and plots from a run's JSONL files"
     )
@@ -488,7 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     bl.add_argument("--model", help="model name to send (default: none, the server's)")
     bl.add_argument("--concurrency", type=_csv(int, "integers"), default=[1, 2, 4, 8])
-    bl.add_argument("--requests", type=int, default=16, help="requests per level")
+    bl.add_argument("--requests", type=int, default=16, help="requests per level and round")
+    bl.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run each level's settings this many times, order reversed every other round",
+    )
     bl.add_argument("--prompts", help="a JSONL file of prompts (default: the shipped ones)")
     bl.add_argument("--categories", type=_csv(str, "names"), help="shipped categories to use")
     bl.add_argument("--stream", action="store_true", help="stream (needed for TTFT)")

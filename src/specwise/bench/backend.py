@@ -9,6 +9,11 @@
    speculative rounds, greedy and sampled.
 3. The cost curves: target and draft forward time for 1..16 tokens in one call.
 
+`specwise bench batch` (`run_batch_bench`): what one target call over several sequences costs
+by its shape — every sequence with 1 + m tokens, or one with 1 + m and the rest with 1 (a
+request speculating in a batch of plain ones), or the sequences in scattered slots — next to
+what the controller's cost model predicts from the passes the backend reports (`LM.passes`).
+
 Timers wrap library functions only for the duration of the measurement; nothing here changes
 how specwise decodes.
 """
@@ -27,13 +32,13 @@ from specwise import engine as engine_mod
 from specwise import sampling as sampling_mod
 from specwise.backends.base import LM
 from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
-from specwise.costs import measure_curve
+from specwise.costs import CostModel, measure_curve
 from specwise.detok import Detokenizer
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
-__all__ = ["run_backend_bench"]
+__all__ = ["batch_costs", "run_backend_bench", "run_batch_bench"]
 
 PROMPTS = [
     "Write a Python function that merges two sorted lists into one sorted list.",
@@ -246,4 +251,106 @@ def run_backend_bench(target: LM, draft: LM | None, a) -> int:
     print(text)
     print(f"\nresults: {out_dir}")
     print(json.dumps(result, separators=(",", ":")))
+    return 0
+
+
+def _call_ms(lm: LM, calls: list[tuple[int, int]], feed: list[int], context: int, repeats: int):
+    """Median ms of one forward over (seq, tokens) pairs, each sequence rolled back after."""
+    samples = []
+    for i in range(repeats + 1):  # the first is a warm-up
+        t = time.perf_counter()
+        lm.forward([(q, feed[:n]) for q, n in calls])
+        if i:
+            samples.append((time.perf_counter() - t) * 1000.0)
+        for q, _ in calls:
+            lm.truncate(q, context)
+    return float(np.median(samples))
+
+
+def batch_costs(lm: LM, sequences: int, repeats: int = 5, context: int = 128) -> dict:
+    """Measured and predicted costs of batched calls (see the module docstring). Sequences are
+    numbered from 0 and sit in the slots of their numbers; `sequences` of them in all."""
+    model = CostModel(measure_curve(lm, range(1, 17), repeats=repeats, context=context))
+    rng = np.random.default_rng(0)
+    hi = min(lm.vocab_size, 1000)
+    seqs = list(range(sequences + 1))  # the last one only makes room for a scattered layout
+    for q in seqs:
+        lm.forward([(q, [int(t) for t in rng.integers(10, hi, size=context)])], last_only=True)
+    feed = [int(t) for t in rng.integers(10, hi, size=16)]
+    sizes = [n for n in (1, 2, 4, 8, 16) if n <= sequences]
+    extra = (0, 1, 2, 3, 4, 8)
+    rows = []
+    for n in sizes:
+        for m in extra:
+            calls = [(q, 1 + m) for q in range(n)]
+            ms = _call_ms(lm, calls, feed, context, repeats)
+            if n > 1:
+                model.batched[(n, 1 + m)] = ms
+            rows.append({"sequences": n, "m": m, "shape": "all", "ms": ms})
+    for n in sizes[1:]:
+        shapes = {f"one +{m}": [(0, 1 + m)] + [(q, 1) for q in range(1, n)] for m in extra[1:]}
+        shapes["gap, +0"] = [(0, 1)] + [(q, 1) for q in range(2, n + 1)]  # slot 1 left out
+        for shape, calls in shapes.items():
+            passes = lm.passes(calls)
+            rows.append(
+                {
+                    "sequences": n,
+                    "shape": shape,
+                    "ms": _call_ms(lm, calls, feed, context, repeats),
+                    "passes": passes,
+                    "predicted_ms": model.call_ms(passes),
+                    "one_pass_ms": model.target(sum(c for _, c in calls)),
+                }
+            )
+    for q in seqs:
+        lm.release(q)
+    return {"curve": model.target.ms, "rows": rows}
+
+
+def run_batch_bench(target: LM, a) -> int:
+    out_dir = (
+        Path(a.out)
+        if a.out
+        else Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + "-batch")
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"batched calls over up to {a.sequences} sequences ...", file=sys.stderr)
+    got = batch_costs(target, a.sequences, a.repeats)
+    uniform = {(r["sequences"], r["m"]): r["ms"] for r in got["rows"] if r["shape"] == "all"}
+    sizes = sorted({n for n, _ in uniform})
+    extra = sorted({m for _, m in uniform})
+    lines = [
+        "every sequence with 1 + m tokens: ms of the call (x of the plain call)",
+        f"{'sequences':>9} " + " ".join(f"{'m=' + str(m):>13}" for m in extra),
+    ]
+    for n in sizes:
+        base = uniform[(n, 0)]
+        cells = [f"{uniform[(n, m)]:7.1f} ({uniform[(n, m)] / base:.2f})" for m in extra]
+        lines.append(f"{n:9d} " + " ".join(f"{c:>13}" for c in cells))
+    lines += [
+        "",
+        "other shapes: measured, predicted from their passes, and as one pass of all tokens",
+        f"{'sequences':>9} {'shape':>8} {'ms':>7} {'x plain':>7} {'passes':>24} "
+        f"{'predicted':>9} {'one pass':>8}",
+    ]
+    for r in got["rows"]:
+        if r["shape"] == "all":
+            continue
+        passes = " ".join(f"{s}x{c}" for s, c in r["passes"])
+        lines.append(
+            f"{r['sequences']:9d} {r['shape']:>8} {r['ms']:7.1f} "
+            f"{r['ms'] / uniform[(r['sequences'], 0)]:7.2f} {passes:>24} "
+            f"{r['predicted_ms']:9.1f} {r['one_pass_ms']:8.1f}"
+        )
+    text = "\n".join(lines)
+    result = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "target": target.info.model,
+        "threads": target.info.threads,
+        **got,
+    }
+    (out_dir / "batch.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "batch.txt").write_text(text + "\n")
+    print(text)
+    print(f"\nresults: {out_dir}")
     return 0

@@ -4,8 +4,12 @@ For each concurrency level (and each speculation setting, when the server is spe
 requests run with that many in flight. Per request: TTFT (streaming only: time to the first
 content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
 latency percentiles, aggregate throughput (completion tokens over the level's wall time) and
-errors. Settings of one level run back to back, so their numbers are side by side. Talks HTTP
-only; it knows nothing of specwise's internals.
+errors. Settings of one level run back to back, so their numbers are side by side; with
+`rounds` > 1 each level runs its settings that many times, in reversed order every other round
+(A B, B A, ...), so drift of the machine weighs on every setting alike, and the statistics pool
+all rounds (throughput: all tokens over all wall time; per-round throughputs kept). With several
+settings, each is compared with the last one (e.g. `--k auto,0`: auto / 0) level by level.
+Talks HTTP only; it knows nothing of specwise's internals.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class LoadOptions:
     api_key: str | None
     out: Path
     timeout_s: float = 600.0
+    rounds: int = 1
 
 
 def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
@@ -92,7 +97,8 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def _level(opts: LoadOptions, concurrency: int, k) -> dict[str, Any]:
+def _run(opts: LoadOptions, concurrency: int, k) -> tuple[list[dict[str, Any]], float]:
+    """One run of a level: (per-request results, wall seconds)."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     base = opts.url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
@@ -107,11 +113,17 @@ def _level(opts: LoadOptions, concurrency: int, k) -> dict[str, Any]:
                 range(opts.requests),
             )
         )
-        wall = time.perf_counter() - t0
+        return results, time.perf_counter() - t0
+
+
+def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) -> dict:
+    """A level's statistics over its runs."""
+    results = [r for rs, _ in runs for r in rs]
     ok = [r for r in results if "error" not in r]
     lat = [r["latency_s"] for r in ok]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     cont = [r["continuation_tps"] for r in ok if r["continuation_tps"] is not None]
+    wall = sum(w for _, w in runs)
     return {
         "concurrency": concurrency,
         "k": k,
@@ -119,11 +131,38 @@ def _level(opts: LoadOptions, concurrency: int, k) -> dict[str, Any]:
         "errors": len(results) - len(ok),
         "error_kinds": sorted({r["error"] for r in results if "error" in r}),
         "throughput_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+        "throughput_by_round": [
+            sum(r["tokens"] for r in rs if "error" not in r) / w for rs, w in runs
+        ],
         "latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99)},
         "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
         "continuation_tokens_per_s": {"p50": _pct(cont, 50), "p10": _pct(cont, 10)},
         "wall_s": wall,
     }
+
+
+def _ratios(levels: list[dict]) -> list[dict]:
+    """Each setting's throughput over the last setting's, level by level: pooled and by round."""
+    out = []
+    for c in dict.fromkeys(lv["concurrency"] for lv in levels):
+        at = [lv for lv in levels if lv["concurrency"] == c]
+        base = at[-1]
+        for lv in at[:-1]:
+            by_round = [
+                a / b
+                for a, b in zip(lv["throughput_by_round"], base["throughput_by_round"], strict=True)
+            ]
+            pooled = lv["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
+            out.append(
+                {
+                    "concurrency": c,
+                    "k": lv["k"],
+                    "vs": base["k"],
+                    "pooled": pooled,
+                    "by_round": by_round,
+                }
+            )
+    return out
 
 
 def _plots(levels: list[dict], out: Path) -> list[Path]:
@@ -173,15 +212,16 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
-    levels = []
-    with tqdm(
-        total=len(opts.concurrency) * len(opts.ks), desc="load", unit="level", file=sys.stderr
-    ) as bar:
+    runs: dict[tuple[int, Any], list] = {(c, k): [] for c in opts.concurrency for k in opts.ks}
+    with tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar:
         for c in opts.concurrency:
-            for k in opts.ks:
-                bar.set_postfix_str(f"concurrency {c} k={k}")
-                levels.append(_level(opts, c, k))
-                bar.update(1)
+            for i in range(opts.rounds):
+                for k in opts.ks if i % 2 == 0 else opts.ks[::-1]:
+                    bar.set_postfix_str(f"concurrency {c} k={k} round {i + 1}")
+                    runs[(c, k)].append(_run(opts, c, k))
+                    bar.update(1)
+    levels = [_level(c, k, rs) for (c, k), rs in runs.items()]
+    ratios = _ratios(levels)
     lines = [
         f"{'conc':>4} {'k':>5} {'tok/s':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
         f"{'TTFT p50':>8} {'cont. tok/s p50':>15} {'errors':>6}"
@@ -194,13 +234,23 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
             f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['continuation_tokens_per_s']['p50']):>15} "
             f"{lv['errors']:>6}"
         )
+    if ratios:
+        lines += ["", f"throughput ratios ({opts.rounds} round(s) a level, pooled; by round)"]
+    for q in ratios:
+        rounds = ", ".join(f"{x:.2f}" for x in q["by_round"])
+        lines.append(
+            f"concurrency {q['concurrency']:>3}: k={q['k']} / k={q['vs']} = {q['pooled']:.3f}"
+            f" ({rounds})"
+        )
     table = "\n".join(lines)
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
         "url": opts.url,
         "max_tokens": opts.max_tokens,
         "stream": opts.stream,
+        "rounds": opts.rounds,
         "levels": levels,
+        "ratios": ratios,
     }
     (opts.out / "load.json").write_text(json.dumps(result, indent=1))
     (opts.out / "report.md").write_text(
