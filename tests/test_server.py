@@ -318,3 +318,26 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     ]
     assert "concurrency   1: k=auto / k=0 = " in out
     assert (tmp_path / "load" / "throughput.png").exists()
+
+
+def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypatch):
+    import uvicorn
+
+    from specwise.cli import main
+
+    tokens = []
+
+    def run(app, **_):  # instead of serving: two requests at once through the app
+        body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 12}
+        with TestClient(app) as c, ThreadPoolExecutor(2) as pool:
+            for r in pool.map(lambda _: c.post("/v1/chat/completions", json=body), [0, 1]):
+                assert r.status_code == 200
+                tokens.append(r.json()["usage"]["completion_tokens"])
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    trace = tmp_path / "rounds.jsonl"
+    assert main(["serve", "--target", str(smollm2_path), "--trace", str(trace)]) == 0
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len({r["request_id"] for r in rows}) == 2
+    assert sum(r["emitted"] for r in rows) == sum(tokens) > 0

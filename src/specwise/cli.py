@@ -405,7 +405,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
             f"this address can use the model (set --api-key or SPECWISE_API_KEY)",
             file=sys.stderr,
         )
-    engine = _build_engine(a, max_sequences=a.max_batch + 2)  # + the engine's own checks
+    from specwise.trace import JsonlSink
+
+    sink = JsonlSink(a.trace) if a.trace else None
+    engine = _build_engine(a, trace=sink, max_sequences=a.max_batch + 2)  # + engine's checks
     name = a.pair or engine.target.info.model
     app = create_app(
         engine,
@@ -420,7 +423,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
         f"(k={engine.k}, drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
         file=sys.stderr,
     )
-    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    finally:
+        if sink is not None:
+            sink.close()
     return 0
 
 
@@ -534,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or SPECWISE_API_KEY)")
     s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
+    s.add_argument("--trace", help="append every round of every request as JSON lines here")
     s.set_defaults(func=cmd_serve)
     return parser
 
