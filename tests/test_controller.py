@@ -337,3 +337,40 @@ def test_the_engine_learns_what_its_batched_calls_cost():
         plain_decode(lm, [1, 2, 3], params),
         plain_decode(lm, [4, 5, 6], params),
     ]
+
+
+def test_in_a_batch_nothing_is_probed():
+    ctl = Controller([Named("ngram", True)], shared_costs())
+    ctl.bind(LlamaLike())
+    ctl.set_prior("ngram", [0.2] * 8)  # on an average request, speculating does not pay
+    alone = [ctl.plan("a", room=4, offers={"ngram": [0.9] * 4}) for _ in range(PROBE_FIRST)]
+    assert any(p.probe for p in alone)
+    crowded = [
+        ctl.plan("b", room=4, batch=others(1, 1, 1), offers={"ngram": [0.9] * 4})
+        for _ in range(4 * PROBE_MAX)
+    ]
+    assert all(p.drafter is None for p in crowded)
+
+
+def test_batched_plans_count_only_what_plans_delivered():
+    def crowded(ctl):
+        ctl.set_prior("ngram", [0.95] * 8)
+        return ctl.plan("b", room=4, batch=others(1), offers={"ngram": [None] * 4})
+
+    fresh = Controller([Named("ngram", True)], shared_costs())
+    fresh.bind(LlamaLike())
+    assert crowded(fresh).drafter is not None  # beside a plain sequence it pays, as predicted
+    burnt = Controller([Named("ngram", True)], shared_costs())
+    burnt.bind(LlamaLike())
+    for i in range(100):  # alone, its plans come true to a third (1 token of about 2.7)
+        burnt.set_prior("ngram", [0.95] * 8)
+        plan = burnt.plan(f"r{i}", room=4, offers={"ngram": [None] * 4})
+        assert plan.drafter is not None
+        burnt.observe(f"r{i}", "ngram", Draft(list(range(plan.k_max)), None), accepted=1)
+        burnt.forget(f"r{i}")
+    assert crowded(burnt).drafter is None
+    assert burnt.plan("alone", room=4, offers={"ngram": [None] * 4}).drafter is not None
+    again = Controller([Named("ngram", True)], shared_costs())
+    again.load_state(burnt.state())  # what was learnt is remembered
+    again.bind(LlamaLike())
+    assert crowded(again).drafter is None

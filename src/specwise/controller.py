@@ -13,7 +13,12 @@ put in the call (for a single request they are 0, and V(1 + m) is the cost curve
 call as the passes the backend runs it in (`LM.passes`): on llama.cpp a sequence with more
 tokens than the rest costs a pass of its own, so in a batch a draft pays only if it is accepted
 far enough to beat that pass. Plain decoding is m = 0. As the batch grows, the extra verify
-tokens cost more than they return, so speculation backs off by itself.
+tokens cost more than they return, so speculation backs off by itself. In a batch a wrong
+estimate costs every sequence in the call, so there the controller also (a) does not probe, and
+(b) scales a drafter's expected accepted tokens by how many of the tokens it predicted were
+accepted in the rounds run so far (`_Realism`): measured in the server, speculating requests in
+batches of 4 and 8 realised about half the accepted tokens planned, so each such round lost
+time (BENCHMARKS.md §4).
 
 Where a_i comes from:
 - per request and drafter, an exponential average of the observed α_i by position, started
@@ -137,6 +142,22 @@ class _Calibration:
 
 
 @dataclass
+class _Realism:
+    """Accepted tokens realised over accepted tokens predicted, for a drafter's planned rounds
+    (both exponential averages), never above 1."""
+
+    predicted: float = 0.0
+    realised: float = 0.0
+
+    def factor(self) -> float:
+        return 1.0 if self.predicted <= 0 else min(1.0, self.realised / self.predicted)
+
+    def observe(self, predicted: float, realised: float) -> None:
+        self.predicted += GLOBAL_EMA * (predicted - self.predicted)
+        self.realised += GLOBAL_EMA * (realised - self.realised)
+
+
+@dataclass
 class _DrafterState:
     """One drafter's acceptance estimates: across requests, and per running request."""
 
@@ -145,6 +166,8 @@ class _DrafterState:
     requests: dict[str, list[float]] = field(default_factory=dict)  # id -> α by position
     idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
     gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
+    realism: _Realism = field(default_factory=_Realism)
+    planned: dict[str, list[float]] = field(default_factory=dict)  # id -> E(0..m) of its plan
 
     def global_alpha(self, i: int) -> float:
         return self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA
@@ -216,6 +239,7 @@ class Controller:
         plain_g = (batch.expected + 1.0) / plain_ms
         best = Plan(None, 0, 0, plain_g, plain_g, reason="plain decoding is expected fastest")
         passed_over: list[tuple[Drafter, int]] = []
+        predicted: list[float] = []  # E(0..) of the best plan, before any scaling
         for d in self.drafters:
             cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
             if cap <= 0 or (only is not None and d.name != only):
@@ -228,36 +252,46 @@ class Controller:
                     x if c is None else st.calibrated(c, i, x)
                     for i, (x, c) in enumerate(zip(a, offers[d.name], strict=False))
                 ]
-            m, g, e = self._best_length(d.name, a, batch, catch_up / max(remaining, 1))
+            scale = st.realism.factor() if batch.calls else 1.0
+            m, g, e = self._best_length(d.name, a, batch, catch_up / max(remaining, 1), scale)
             if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
+                predicted = expected_tokens(a)
             elif d.cheap:
                 probe_m = self._worth_probing(d, offers[d.name][:cap], batch)
                 if probe_m:
                     passed_over.append((d, probe_m))
             elif catch_up <= plain_ms:
                 passed_over.append((d, min(cap, 2)))
-        if best.drafter is None:
+        if best.drafter is None and not batch.calls:  # see the module docstring
             best = self._probe(rid, passed_over, plain_g) or best
         for d in self.drafters:
             st = self._state[d.name]
             st.idle[rid] = 0 if d is best.drafter else st.idle.get(rid, 0) + 1
+            st.planned.pop(rid, None)
             if d is best.drafter and not best.probe:
                 st.gap[rid] = PROBE_FIRST
+                st.planned[rid] = predicted
         if best.drafter is not None and not best.drafter.cheap:
             stop = self._stopper(best.drafter.name, rid, best.expected_goodput, best.k_max, batch)
             best = replace(best, keep_going=stop)
         return best
 
     def _best_length(
-        self, name: str, a: Sequence[float], batch: Batch, ms_per_expected: float = 0.0
+        self,
+        name: str,
+        a: Sequence[float],
+        batch: Batch,
+        ms_per_expected: float = 0.0,
+        scale: float = 1.0,
     ) -> tuple[int, list[float], list[float]]:
         """(m, G, E): the draft length m <= len(a) with the best goodput G[m] of the round,
         given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
-        ms_per_expected charges each expected token a share of a one-time cost (a catch-up)."""
-        e = expected_tokens(a)
+        ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
+        scale multiplies the expected accepted tokens E - 1."""
+        e = [1.0 + scale * (x - 1.0) for x in expected_tokens(a)]
         g = [
             (batch.expected + e[m])
             / (self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0))
@@ -313,6 +347,9 @@ class Controller:
         if drafter is None or not draft.tokens:
             return
         st = self._state[drafter]
+        e = st.planned.pop(rid, None)
+        if e is not None:  # a planned round (not a probe): how much of the plan came true
+            st.realism.observe(e[min(len(draft.tokens), len(e) - 1)] - 1.0, float(accepted))
         reqa = st.requests.setdefault(rid, [])
         st.request_alpha(rid, len(draft.tokens))
         for i in range(min(accepted + 1, len(draft.tokens))):
@@ -331,6 +368,7 @@ class Controller:
             st.requests.pop(rid, None)
             st.idle.pop(rid, None)
             st.gap.pop(rid, None)
+            st.planned.pop(rid, None)
         self._save()
 
     def remember(self, path: Path) -> None:
@@ -354,7 +392,12 @@ class Controller:
     def state(self) -> dict:
         """What was learnt across requests, as JSON-able data."""
         return {
-            name: {"alpha": st.alpha, "hits": st.calibration.hits, "seen": st.calibration.seen}
+            name: {
+                "alpha": st.alpha,
+                "hits": st.calibration.hits,
+                "seen": st.calibration.seen,
+                "realism": [st.realism.predicted, st.realism.realised],
+            }
             for name, st in self._state.items()
         }
 
@@ -366,6 +409,8 @@ class Controller:
                 st.calibration = _Calibration(
                     [float(x) for x in d["hits"]], [float(x) for x in d["seen"]]
                 )
+                if len(d.get("realism", ())) == 2:
+                    st.realism = _Realism(*(float(x) for x in d["realism"]))
 
     def set_prior(self, drafter: str, alpha: Sequence[float]) -> None:
         """Start new requests of `drafter` from these α by position (e.g. from earlier runs)."""
