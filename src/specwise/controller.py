@@ -259,13 +259,15 @@ class Controller:
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
                 predicted = expected_tokens(a)
+            elif batch.calls:  # no probes in a batch: see the module docstring
+                continue
             elif d.cheap:
                 probe_m = self._worth_probing(d, offers[d.name][:cap], batch)
                 if probe_m:
                     passed_over.append((d, probe_m))
             elif catch_up <= plain_ms:
                 passed_over.append((d, min(cap, 2)))
-        if best.drafter is None and not batch.calls:  # see the module docstring
+        if best.drafter is None:
             best = self._probe(rid, passed_over, plain_g) or best
         for d in self.drafters:
             st = self._state[d.name]
