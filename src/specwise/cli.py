@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
 from specwise.sampling import SamplingParams
@@ -145,6 +144,7 @@ def _bench_load(a: argparse.Namespace) -> int:
     import os
 
     from specwise.bench.load import LoadOptions, run_load
+    from specwise.bench.session import default_out
     from specwise.bench.workloads import builtin, load_jsonl
 
     if a.requests < 1:
@@ -167,9 +167,7 @@ def _bench_load(a: argparse.Namespace) -> int:
         ks=a.k or [None],
         api_key=a.api_key or os.environ.get("SPECWISE_API_KEY"),
         rounds=a.rounds,
-        out=Path(a.out)
-        if a.out
-        else Path("bench-results") / (datetime.now().strftime("%Y%m%d-%H%M%S") + "-load"),
+        out=Path(a.out) if a.out else default_out("-load"),
     )
     run_load(opts)
     return 0

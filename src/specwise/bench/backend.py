@@ -32,6 +32,7 @@ from specwise import engine as engine_mod
 from specwise import sampling as sampling_mod
 from specwise.backends.base import LM
 from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
+from specwise.bench.session import default_out
 from specwise.costs import CostModel, measure_curve
 from specwise.detok import Detokenizer
 from specwise.drafters import ModelDrafter, NgramDrafter
@@ -197,11 +198,7 @@ def round_breakdown(target: LM, draft: LM | None, max_tokens: int) -> dict:
 
 
 def run_backend_bench(target: LM, draft: LM | None, a) -> int:
-    out_dir = (
-        Path(a.out)
-        if a.out
-        else Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + "-backend")
-    )
+    out_dir = Path(a.out) if a.out else default_out("-backend")
     out_dir.mkdir(parents=True, exist_ok=True)
     print("1/3 plain decoding: specwise vs llama-cpp-python ...", file=sys.stderr)
     plain = plain_vs_llama_cpp_python(target, a.max_tokens, a.repeats)
@@ -308,11 +305,7 @@ def batch_costs(lm: LM, sequences: int, repeats: int = 5, context: int = 128) ->
 
 
 def run_batch_bench(target: LM, a) -> int:
-    out_dir = (
-        Path(a.out)
-        if a.out
-        else Path("bench-results") / (time.strftime("%Y%m%d-%H%M%S") + "-batch")
-    )
+    out_dir = Path(a.out) if a.out else default_out("-batch")
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"batched calls over up to {a.sequences} sequences ...", file=sys.stderr)
     got = batch_costs(target, a.sequences, a.repeats)

@@ -23,8 +23,9 @@ from specwise.trace import JsonlSink
 __all__ = ["default_out", "pick", "rebuild", "run_bench"]
 
 
-def default_out() -> Path:
-    return Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S")
+def default_out(suffix: str = "") -> Path:
+    """bench-results/<timestamp><suffix>: where a bench run goes without --out."""
+    return Path("bench-results") / (datetime.now().strftime("%Y%m%d-%H%M%S") + suffix)
 
 
 def pick(prompts: Sequence[Prompt], limit: int | None) -> list[Prompt]:
