@@ -4,6 +4,7 @@ batch back-off, and the engine in auto mode (still exact)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,15 @@ import pytest
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
-from specwise.controller import MARGIN, PROBE_FIRST, PROBE_MAX, Batch, Controller, expected_tokens
+from specwise.controller import (
+    MARGIN,
+    PROBE_FIRST,
+    PROBE_MAX,
+    Batch,
+    Controller,
+    Offered,
+    expected_tokens,
+)
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
 from specwise.oracle import plain_decode
@@ -374,3 +383,73 @@ def test_batched_plans_count_only_what_plans_delivered():
     again.load_state(burnt.state())  # what was learnt is remembered
     again.bind(LlamaLike())
     assert crowded(again).drafter is None
+
+
+ALIGNED = {(2, n): 120.0 + 10.0 * (n - 1) for n in range(1, 17)}  # one pass, cheap tokens
+
+
+def aligning(shared=ALIGNED):
+    ctl = Controller([Named("ngram", True), Named("model", False)], shared_costs())
+    ctl.costs.batched = dict(shared)
+    ctl.bind(LlamaLike())
+    ctl.set_prior("ngram", [0.8] * 8)
+    return ctl
+
+
+def offered(ctl, rid, seq, offer, room=8, **kw):
+    """A request planned on its own (the rest of the batch plain) as the engine offers it."""
+    batch = Batch(((1 - seq, 1),), 1.0, 0.0, seq)
+    plan = ctl.plan(rid, room, batch, {"ngram": offer}, **kw)
+    return Offered(rid, seq, room, {"ngram": offer}, plan)
+
+
+def test_a_batch_is_aligned_to_the_length_with_the_best_goodput_of_one_pass():
+    ctl = aligning()
+    asks = [offered(ctl, "a", 0, [None] * 6), offered(ctl, "b", 1, [])]
+    assert [q.plan.drafter for q in asks] == [None, None]  # alone, a draft is a pass of its own
+    joint = ctl.align(asks, [(0, 1), (1, 1)], 0.0)
+    e = expected_tokens([0.8] * 6)
+    g = [(e[n] + 1.0) / ctl.costs.pass_ms(2, 1 + n) for n in range(7)]
+    best = max(range(1, 7), key=g.__getitem__)
+    assert g[best] > MARGIN * g[0]
+    assert joint is not None and joint.length == best
+    assert joint.drafts == ((("ngram", best, pytest.approx(e[best]))), (None, 0, 1.0))
+    assert joint.expected_goodput == pytest.approx(g[best])
+    assert joint.plain_goodput == pytest.approx(g[0])
+
+
+def test_a_batch_is_not_aligned_where_it_does_not_pay_or_cannot_be():
+    dear = {(2, n): 120.0 * n for n in range(1, 17)}  # each token costs a plain step
+    ctl = aligning(dear)
+    asks = [offered(ctl, "a", 0, [None] * 6), offered(ctl, "b", 1, [])]
+    assert ctl.align(asks, [(0, 1), (1, 1)], 0.0) is None
+    ctl = aligning()
+    a, b = offered(ctl, "a", 0, [None] * 6), offered(ctl, "b", 1, [])
+    assert ctl.align([a], [(0, 1)], 0.0) is None  # alone
+    assert ctl.align([a, replace(b, plan=None)], [(0, 1), (1, 1)], 0.0) is None  # k fixed
+    drafting = replace(b.plan, drafter=ctl.drafters[1])
+    assert ctl.align([a, replace(b, plan=drafting)], [(0, 1), (1, 3)], 0.0) is None
+    assert ctl.align([a, replace(b, room=0)], [(0, 1), (1, 1)], 0.0) is None  # no room
+
+
+def test_an_aligned_batch_decodes_exactly_as_plain_decoding():
+    class Split(ToyLM):
+        def passes(self, calls):
+            return equal_passes(calls)
+
+    lm = Split(vocab=12, seed=1)
+    drafters = [NgramDrafter()]
+    model = CostModel(CostCurve(dict(SOLO)), {"ngram": 0.0}, 0.0, batched=dict(ALIGNED))
+    ctl = Controller(drafters, model)
+    ctl.set_prior("ngram", [0.9] * 8)
+    eng = Engine(lm, drafters, k="auto", controller=ctl)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 7]]
+    params = SamplingParams(max_tokens=24)
+    reqs = [eng.start(p, params) for p in prompts]
+    while not all(r.done for r in reqs):
+        eng.step(reqs)
+    rounds = [rt for r in reqs for rt in r.rounds]
+    assert any(rt.padded > 0 for rt in rounds)
+    assert any(rt.proposed > 0 and rt.decision.startswith("aligned") for rt in rounds)
+    assert all(rt.emitted <= rt.accepted + 1 for rt in rounds)
+    assert [eng.finish(r).tokens for r in reqs] == [plain_decode(lm, p, params) for p in prompts]

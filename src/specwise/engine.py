@@ -2,7 +2,10 @@
 
 One round (`Engine.step`) for every running request:
 
-1. propose — the drafter proposes up to k tokens (k = 0, or no drafter: plain decoding);
+1. propose — the drafter proposes up to k tokens (k = 0, or no drafter: plain decoding); with
+             k="auto" and several requests, the controller may then align the batch: every
+             sequence brings the same number of tokens, drafts padded with filler that is fed
+             (one pass on llama.cpp instead of several) but never verified;
 2. score   — ONE target forward over the batch: each request's last emitted token + its draft;
 3. verify  — the acceptance rule keeps a prefix of the draft and emits one more token;
 4. commit  — roll the target cache back to the committed tokens, tell the drafter, and cut
@@ -33,7 +36,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from specwise.backends.base import LM
-from specwise.controller import Batch, Controller, Plan
+from specwise.controller import Batch, Controller, Offered, Plan
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
 from specwise.request import GenerationResult, Request
@@ -278,9 +281,12 @@ class Engine:
     def _allowed(self, r: Request) -> list[Drafter]:
         return [d for d in self.drafters if r.only is None or d.name == r.only]
 
-    def _propose(self, r: Request, batch: Batch) -> tuple[Drafter | None, Draft, Plan | None]:
-        """Step 1 for one request: who drafts, and the draft (its caught-up lag is noted in
-        `r.lag`, so a catch-up is not mistaken for the cost of drafting)."""
+    def _propose(
+        self, r: Request, batch: Batch
+    ) -> tuple[Drafter | None, Draft, Plan | None, dict[str, Draft]]:
+        """Step 1 for one request: who drafts, the draft (its caught-up lag is noted in
+        `r.lag`, so a catch-up is not mistaken for the cost of drafting), and what the cheap
+        drafters offered."""
         room = self._room(r)
         none = Draft([], None)
         k_req = self.k if r.k is None else r.k
@@ -289,9 +295,9 @@ class Engine:
             d = allowed[0] if allowed else None
             k = min(int(k_req), room)
             if d is None or k <= 0:
-                return None, none, None
+                return None, none, None, {}
             draft = self._drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
-            return d, draft or none, None
+            return d, draft or none, None, {}
         # Cheap drafters propose first; the controller then picks a drafter and length.
         offers: dict[str, Draft] = {}
         for d in allowed:
@@ -313,13 +319,13 @@ class Engine:
         )
         d = plan.drafter
         if d is None or d.name in r.drafter_errors:
-            return None, none, plan
+            return None, none, plan, offers
         if d.cheap:
-            return d, offers[d.name].prefix(plan.k_max), plan
+            return d, offers[d.name].prefix(plan.k_max), plan, offers
         draft = self._drafter_call(
             r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
         )
-        return d, draft or none, plan
+        return d, draft or none, plan, offers
 
     def step(self, batch: Sequence[Request]) -> None:
         """One round for every unfinished request in `batch`."""
@@ -330,30 +336,40 @@ class Engine:
 
         # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts.
         chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
+        offered: list[dict[str, Draft]] = []
         counts = {r.seq: 1 for r in live}  # tokens each puts in the call: plain, to start
         expected, draft_ms = float(len(live)), 0.0  # tokens expected, drafting time so far
         for r in live:
             r.lag = 0
             others = tuple((q, n) for q, n in counts.items() if q != r.seq)
             t = time.perf_counter()
-            d, draft, plan = self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
+            d, draft, plan, offers = self._propose(
+                r, Batch(others, expected - 1.0, draft_ms, r.seq)
+            )
             draft = draft.prefix(self._room(r))  # a drafter must not overshoot
             ms = (time.perf_counter() - t) * _ms
             chosen.append((d if draft.tokens else None, draft, plan, ms))
+            offered.append(offers)
             counts[r.seq] = 1 + len(draft.tokens)
             expected += (plan.expected_tokens if plan is not None and draft.tokens else 1.0) - 1.0
             draft_ms += ms
+        width = self._align(live, chosen, offered, counts, draft_ms)
         t1 = time.perf_counter()
 
-        # 2. Score: one target forward over the batch, [last emitted token] + draft each.
-        calls = [(r.seq, [r.context[-1], *c[1].tokens]) for r, c in zip(live, chosen, strict=True)]
+        # 2. Score: one target forward over the batch, [last emitted token] + draft each, and
+        # filler up to `width` tokens where the batch was aligned (never verified).
+        filler = [max(0, width - 1 - len(c[1].tokens)) for c in chosen]
+        calls = [
+            (r.seq, [r.context[-1], *c[1].tokens] + [r.context[-1]] * f)
+            for r, c, f in zip(live, chosen, filler, strict=True)
+        ]
         logits = self.target.forward(calls)
         t2 = time.perf_counter()
 
         # 3. Verify and 4. commit, request by request.
         verdicts: list[tuple[Verdict, int]] = []
         for r, (d, draft, _, _), lg in zip(live, chosen, logits, strict=True):
-            verdict = self._verify(r, draft, lg)  # lg: [k+1, V]
+            verdict = self._verify(r, draft, lg[: len(draft.tokens) + 1])  # [k+1, V]
             self.target.truncate(r.seq, len(r.context) + verdict.accepted)
             if d is not None:
                 self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
@@ -372,10 +388,50 @@ class Engine:
             for r, (d, draft, _, ms) in zip(live, chosen, strict=True):
                 if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round
                     costs.observe_draft(d.name, len(draft.tokens), ms)
-        for r, (d, draft, plan, _), (verdict, emitted) in zip(live, chosen, verdicts, strict=True):
+        for r, (d, draft, plan, _), (verdict, emitted), f in zip(
+            live, chosen, verdicts, filler, strict=True
+        ):
             self._record(
-                r, d, draft, plan, verdict, emitted, draft_ms, verify_ms, overhead_ms, len(live)
+                r, d, draft, plan, verdict, emitted, draft_ms, verify_ms, overhead_ms, len(live), f
             )
+
+    def _align(
+        self,
+        live: Sequence[Request],
+        chosen: list[tuple[Drafter | None, Draft, Plan | None, float]],
+        offered: list[dict[str, Draft]],
+        counts: dict[int, int],
+        draft_ms: float,
+    ) -> int:
+        """Step 1b: where the controller finds it pays, replace the batch's plans by a joint one
+        in which every sequence brings the same number of tokens (`Controller.align`), in
+        `chosen`; return the tokens each sequence then brings (0: as planned)."""
+        if self.controller is None or len(live) < 2:
+            return 0
+        asks = [
+            Offered(
+                r.id,
+                r.seq,
+                self._room(r),
+                {n: o.confidence or [None] * len(o.tokens) for n, o in offers.items()},
+                plan,
+                r.only,
+            )
+            for r, (_, _, plan, _), offers in zip(live, chosen, offered, strict=True)
+        ]
+        joint = self.controller.align(asks, list(counts.items()), draft_ms)
+        if joint is None:
+            return 0
+        byname = {d.name: d for d in self.drafters}
+        for i, (name, m, e) in enumerate(joint.drafts):
+            d, _, plan, ms = chosen[i]
+            d = byname[name] if name and m else None
+            draft = offered[i][name].prefix(m) if d else Draft([], None)
+            plan = Plan(
+                d, m, m, joint.expected_goodput, joint.plain_goodput, e, reason=joint.reason
+            )
+            chosen[i] = (d, draft, plan, ms)
+        return 1 + joint.length
 
     def _record(
         self,
@@ -389,6 +445,7 @@ class Engine:
         verify_ms: float,
         overhead_ms: float,
         batch_size: int,
+        padded: int = 0,
     ) -> None:
         """Step 5: one RoundTrace for request r (ending now)."""
         rt = RoundTrace(
@@ -409,6 +466,7 @@ class Engine:
             expected_goodput=None if plan is None else plan.expected_goodput,
             plain_goodput=None if plan is None else plan.plain_goodput,
             decision=None if plan is None else plan.reason,
+            padded=padded,
         )
         r.rounds.append(rt)
         if self.trace is not None:

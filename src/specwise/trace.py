@@ -63,6 +63,7 @@ class RoundTrace:
     expected_goodput: float | None = None  # predicted tokens/ms of the chosen configuration
     plain_goodput: float | None = None  # predicted tokens/ms of plain decoding
     decision: str | None = None  # the controller's reason, in words
+    padded: int = 0  # filler tokens fed after the draft to align a batch (never verified)
 
     @property
     def round_ms(self) -> float:
