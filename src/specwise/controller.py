@@ -20,6 +20,14 @@ accepted in the rounds run so far (`_Realism`): measured in the server, speculat
 batches of 4 and 8 realised about half the accepted tokens planned, so each such round lost
 time (BENCHMARKS.md §4).
 
+Planned one by one, a batch's requests almost never speculate: a longer draft is a pass of its
+own. But a call in which every sequence brings the same number of tokens is one pass, which
+costs far less (on llama.cpp, 2 sequences x 2 tokens cost 1.15x a plain step of 2, 8 x 2
+cost 1.49x of 8). So after the requests are planned, `align` weighs the batch as a whole: every
+sequence brings 1 + L tokens, its cheap drafter's offer up to L and filler after it (fed, never
+verified), with L the length of best expected goodput for the batch; taken when that beats the
+plans made one by one, and plain decoding by MARGIN.
+
 Where a_i comes from:
 - per request and drafter, an exponential average of the observed α_i by position, started
   from the drafter's average over earlier requests, so a request that changes character

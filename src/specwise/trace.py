@@ -4,6 +4,8 @@ The engine counts at the source (one `RoundTrace` per request per round); this m
 those records into figures; bench, server and CLI only display them. Definitions (DESIGN.md §4):
 
 - proposed: draft tokens scored in a round (k); accepted: the kept prefix of the draft;
+- padded: filler tokens fed after the draft when the controller aligned the batch to one
+  length (they make the call one pass; they are never verified nor counted as proposed);
 - emitted: accepted + 1 per round, fewer only when EOS / a stop string / max_tokens cut a round;
 - acceptance rate = Σ accepted / Σ proposed (prefix-accepted; compare only at equal k);
 - mean accepted length τ = Σ emitted / rounds (includes the recovered/bonus token; plain = 1.0);
