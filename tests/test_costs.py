@@ -42,6 +42,13 @@ def model() -> CostModel:
     return CostModel(CostCurve({1: 10.0, 2: 14.0, 4: 20.0, 8: 30.0}), overhead_ms=0.0)
 
 
+def test_the_curve_interpolates_and_grows_in_proportion_past_its_last_measurement():
+    c = model().target
+    assert c(3) == 17.0 and c(0) == 10.0
+    assert c(32) == 120.0  # 30 ms at 8 tokens, 4x the tokens (not the flat tail of a bumpy curve)
+    assert model().call_ms([(4, 16)]) == 240.0  # an unseen pass of 64 tokens
+
+
 def test_a_call_costs_the_sum_of_its_passes():
     m = model()
     assert m.call_ms([(1, 2)]) == 14.0

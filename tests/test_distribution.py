@@ -146,3 +146,43 @@ def test_auto_controller_distribution():
     n = 6000
     counts = sampled_counts(engine, PROMPT, params, n)
     assert chi2_pvalue(counts, exact_joint(target, PROMPT, params), n) > 1e-3
+
+
+def test_aligned_batch_distribution():
+    """A batch aligned to one length (drafts padded with filler the engine never verifies)
+    still emits the target's distribution (the request beside it brings filler wherever it
+    has no n-gram offer of that length)."""
+    from specwise.backends.llama_cpp import equal_passes
+    from specwise.controller import Controller
+    from specwise.costs import CostCurve, CostModel
+
+    class Split(ToyLM):
+        def passes(self, calls):
+            return equal_passes(calls)
+
+    target = Split(vocab=12, seed=4)
+    params = SamplingParams(temperature=0.8, max_tokens=MAX_TOKENS)
+    prompt, other = [2, 7, 1, 8, 2, 8, 1, 8, 2, 8], [5, 3, 9]
+    n, aligned, counts = 6000, 0, {}
+    for seed in range(n):
+        drafters = [NgramDrafter()]
+        costs = CostModel(
+            CostCurve({m: 10.0 * m for m in range(1, 17)}),  # alone, a draft does not pay
+            {"ngram": 0.0},
+            batched={(2, m): 12.0 + m for m in range(1, 17)},  # one aligned pass is cheap
+        )
+        ctl = Controller(drafters, costs)
+        ctl.set_prior("ngram", [0.9] * 8)
+        engine = Engine(target, drafters, k="auto", controller=ctl, remember=False)
+        reqs = [
+            engine.start(prompt, replace(params, seed=seed)),
+            engine.start(other, replace(params, seed=n + seed)),
+        ]
+        while not all(r.done for r in reqs):
+            engine.step(reqs)
+        aligned += any(rt.padded for r in reqs for rt in r.rounds)
+        key = tuple(engine.finish(reqs[0]).tokens[WINDOW])
+        engine.finish(reqs[1])
+        counts[key] = counts.get(key, 0) + 1
+    assert aligned > n // 2, aligned
+    assert chi2_pvalue(counts, exact_joint(target, prompt, params), n) > 1e-3

@@ -307,7 +307,7 @@ class Engine:
                 )
                 offers[d.name] = got or none
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
-        confidences = {n: o.confidence or [None] * len(o.tokens) for n, o in offers.items()}
+        confidences = {n: o.scores() for n, o in offers.items()}
         plan = self.controller.plan(
             r.id,
             room,
@@ -413,7 +413,7 @@ class Engine:
                 r.id,
                 r.seq,
                 self._room(r),
-                {n: o.confidence or [None] * len(o.tokens) for n, o in offers.items()},
+                {n: o.scores() for n, o in offers.items()},
                 plan,
                 r.only,
             )
@@ -424,13 +424,12 @@ class Engine:
             return 0
         byname = {d.name: d for d in self.drafters}
         for i, (name, m, e) in enumerate(joint.drafts):
-            d, _, plan, ms = chosen[i]
             d = byname[name] if name and m else None
             draft = offered[i][name].prefix(m) if d else Draft([], None)
             plan = Plan(
                 d, m, m, joint.expected_goodput, joint.plain_goodput, e, reason=joint.reason
             )
-            chosen[i] = (d, draft, plan, ms)
+            chosen[i] = (d, draft, plan, chosen[i][3])
         return 1 + joint.length
 
     def _record(

@@ -33,6 +33,10 @@ class Draft:
     # one: q(x) when sampling, the unwarped softmax probability of the argmax when greedy.
     confidence: list[float] | None = None
 
+    def scores(self) -> list[float | None]:
+        """The confidence of each token, None where the drafter gives none."""
+        return list(self.confidence) if self.confidence is not None else [None] * len(self.tokens)
+
     def prefix(self, n: int) -> Draft:
         """The first n tokens of the draft (with their q rows and confidences)."""
         if n >= len(self.tokens):
