@@ -222,6 +222,11 @@ def _one_pass(calls: Sequence[tuple[int, int]]) -> list[Pass]:
     return [(1, sum(n for _, n in calls))]
 
 
+def _scaled(e: Sequence[float], scale: float) -> list[float]:
+    """E with its expected accepted tokens (E - 1) multiplied by scale."""
+    return [1.0 + scale * (x - 1.0) for x in e]
+
+
 def expected_tokens(a: Sequence[float]) -> list[float]:
     """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j."""
     out, run, prod = [1.0], 1.0, 1.0
@@ -249,10 +254,14 @@ class Controller:
         they are remembered."""
         self._passes = functools.lru_cache(maxsize=4096)(lambda calls: tuple(target.passes(calls)))
 
+    def _step_ms(self, calls: tuple[tuple[int, int], ...], draft_ms: float) -> float:
+        """A round whose target call holds `calls` ((seq, tokens) each), after draft_ms of
+        drafting."""
+        return draft_ms + self.costs.call_ms(self._passes(calls)) + self.costs.overhead_ms
+
     def _round_ms(self, name: str | None, m: int, batch: Batch) -> float:
         d = self.costs.draft_ms_per_token.get(name, 0.0) * m if name else 0.0
-        verify = self.costs.call_ms(self._passes((*batch.calls, (batch.seq, 1 + m))))
-        return batch.draft_ms + d + verify + self.costs.overhead_ms
+        return self._step_ms((*batch.calls, (batch.seq, 1 + m)), batch.draft_ms + d)
 
     def plan(
         self,
@@ -345,24 +354,25 @@ class Controller:
             return None
 
         def goodput(expected: float, shape: Sequence[tuple[int, int]]) -> float:
-            call = self.costs.call_ms(self._passes(tuple(shape)))
-            return expected / (draft_ms + call + self.costs.overhead_ms)
+            return expected / self._step_ms(tuple(shape), draft_ms)
 
         now = sum(q.plan.expected_tokens if q.plan.drafter else 1.0 for q in requests)
         plain = goodput(float(len(requests)), [(q.seq, 1) for q in requests])
         bar = max(goodput(now, calls), MARGIN * plain)
         longest = min(q.room for q in requests)
-        # per request: the expected tokens E(0..) of each cheap drafter's offer
+        # per request and cheap drafter: E(0..) of its offer, as predicted (raw) and as
+        # trusted in a batch (scaled by how far its plans came true)
+        raw: list[dict[str, list[float]]] = []
         expect: list[dict[str, list[float]]] = []
         for q in requests:
-            per: dict[str, list[float]] = {}
+            raw.append({})
+            expect.append({})
             for d in self.drafters:
                 offer = q.offers.get(d.name, ())[:longest]
                 if d.cheap and offer and (q.only is None or q.only == d.name):
                     e = expected_tokens(self._acceptances(d.name, q.rid, len(offer), offer))
-                    scale = self._state[d.name].realism.factor()
-                    per[d.name] = [1.0 + scale * (x - 1.0) for x in e]
-            expect.append(per)
+                    raw[-1][d.name] = e
+                    expect[-1][d.name] = _scaled(e, self._state[d.name].realism.factor())
         best: Alignment | None = None
         for n in range(1, max((len(e) - 1 for p in expect for e in p.values()), default=0) + 1):
             picks = [
@@ -375,20 +385,16 @@ class Controller:
             ]
             g = goodput(sum(x[2] for x in picks), [(q.seq, 1 + n) for q in requests])
             if g > (bar if best is None else best.expected_goodput):
-                drafts = tuple((name, m, e) for name, m, e in picks)
                 reason = f"aligned: {len(requests)} x {1 + n} tokens, {g:.4f} > {bar:.4f} tokens/ms"
-                best = Alignment(n, drafts, g, plain, reason)
+                best = Alignment(n, tuple(picks), g, plain, reason)
         if best is not None:
-            for q, (name, m, _) in zip(requests, best.drafts, strict=True):
+            for q, r, (name, m, _) in zip(requests, raw, best.drafts, strict=True):
                 for d in self.drafters:
                     st = self._state[d.name]
                     st.planned.pop(q.rid, None)
                     if d.name == name and m:
                         st.idle[q.rid] = 0
-                        offer = q.offers[name][:m]
-                        st.planned[q.rid] = expected_tokens(
-                            self._acceptances(name, q.rid, m, offer)
-                        )
+                        st.planned[q.rid] = r[name][: m + 1]
         return best
 
     def _best_length(
@@ -403,7 +409,7 @@ class Controller:
         given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
         ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
         scale multiplies the expected accepted tokens E - 1."""
-        e = [1.0 + scale * (x - 1.0) for x in expected_tokens(a)]
+        e = _scaled(expected_tokens(a), scale)
         g = [
             (batch.expected + e[m])
             / (self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0))
