@@ -38,16 +38,20 @@ def costs(curve, draft_ms):
     return CostModel(CostCurve(dict(curve)), dict(draft_ms), overhead_ms=0.0)
 
 
-def brute_force(alpha, draft_ms, v, batch=None):
+def brute_force(alpha, draft_ms, v, batch=None, passes=None):
     """argmax over m of (E_others + E(m)) / (D_others + d m + V(L_others + [1 + m])); plain
     (m = 0) unless the best speculative choice beats it by MARGIN. v prices a call's token
-    counts."""
+    counts; given `passes`, a draft that adds a pass to the batch's call is not a choice."""
     batch = batch or Batch()
     if isinstance(v, CostCurve):
         v = lambda calls, curve=v: curve(sum(n for _, n in calls))  # noqa: E731 - one pass
     g = []
     for m in range(len(alpha) + 1):
-        cost = batch.draft_ms + draft_ms * m + v((*batch.calls, (batch.seq, 1 + m)))
+        calls = (*batch.calls, (batch.seq, 1 + m))
+        if passes and batch.calls and len(passes(calls)) > len(passes((*batch.calls, (0, 1)))):
+            g.append(0.0)
+            continue
+        cost = batch.draft_ms + draft_ms * m + v(calls)
         g.append((batch.expected + 1 + sum(np.prod(alpha[: i + 1]) for i in range(m))) / cost)
     best = max(range(1, len(g)), key=g.__getitem__)
     return (best, g[best]) if g[best] > MARGIN * g[0] else (0, g[0])
@@ -309,7 +313,8 @@ def test_a_batched_plan_is_priced_by_the_passes_its_call_runs_in(batch, alpha):
     ctl.bind(LlamaLike())
     ctl.set_prior("ngram", [alpha] * 8)
     plan = ctl.plan("r", room=7, batch=batch, offers={"ngram": [None] * 7})
-    m, g = brute_force([alpha] * 7, 0.0, lambda calls: model.call_ms(equal_passes(calls)), batch)
+    v = lambda calls: model.call_ms(equal_passes(calls))  # noqa: E731
+    m, g = brute_force([alpha] * 7, 0.0, v, batch, equal_passes)
     assert plan.planned == m
     assert plan.expected_goodput == pytest.approx(g)
 
@@ -326,6 +331,20 @@ def test_a_draft_that_needs_a_pass_of_its_own_backs_off_where_one_pass_pricing_w
     assert plan(False, others(1, 1, 1)).drafter is not None  # priced as one pass of 8 tokens
     assert plan(True, others(1, 1, 1)).drafter is None  # 4x1 + 1x4 passes: plain is faster
     assert plan(True, others(5, 5, 5)).drafter is not None  # joining a 4x4 pass is cheap
+
+
+def test_a_draft_is_not_planned_in_a_pass_of_its_own_beside_a_batch():
+    model = shared_costs()
+    ctl = Controller([Named("ngram", True)], model)
+    ctl.bind(LlamaLike())
+    ctl.set_prior("ngram", [0.95] * 8)
+    v = lambda calls: model.call_ms(equal_passes(calls))  # noqa: E731
+    m, _ = brute_force([0.95] * 4, 0.0, v, others(1))
+    assert m > 0  # 2x1 + 1xm passes would pay as priced...
+    plan = ctl.plan("r", room=4, batch=others(1), offers={"ngram": [None] * 4})
+    assert plan.drafter is None  # ...but such passes cost more than priced: not planned
+    plan = ctl.plan("r", room=4, batch=others(4), offers={"ngram": [None] * 4})
+    assert plan.drafter is not None and plan.k_max == plan.planned == 3  # joins a 2x4 pass
 
 
 def test_the_engine_learns_what_its_batched_calls_cost():
@@ -362,27 +381,25 @@ def test_in_a_batch_nothing_is_probed():
 
 
 def test_batched_plans_count_only_what_plans_delivered():
-    def crowded(ctl):
+    def joint(ctl):
         ctl.set_prior("ngram", [0.95] * 8)
-        return ctl.plan("b", room=4, batch=others(1), offers={"ngram": [None] * 4})
+        asks = [offered(ctl, "a", 0, [None] * 4), offered(ctl, "b", 1, [None] * 4)]
+        return ctl.align(asks, [(0, 1), (1, 1)], 0.0)
 
-    fresh = Controller([Named("ngram", True)], shared_costs())
-    fresh.bind(LlamaLike())
-    assert crowded(fresh).drafter is not None  # beside a plain sequence it pays, as predicted
-    burnt = Controller([Named("ngram", True)], shared_costs())
-    burnt.bind(LlamaLike())
-    for i in range(100):  # alone, its plans come true to a third (1 token of about 2.7)
+    fresh = aligning()
+    assert joint(fresh) is not None  # aligned, it pays as predicted
+    burnt = aligning()
+    for i in range(100):  # alone, its plans never come true
         burnt.set_prior("ngram", [0.95] * 8)
         plan = burnt.plan(f"r{i}", room=4, offers={"ngram": [None] * 4})
         assert plan.drafter is not None
-        burnt.observe(f"r{i}", "ngram", Draft(list(range(plan.k_max)), None), accepted=1)
+        burnt.observe(f"r{i}", "ngram", Draft(list(range(plan.k_max)), None), accepted=0)
         burnt.forget(f"r{i}")
-    assert crowded(burnt).drafter is None
+    assert joint(burnt) is None
     assert burnt.plan("alone", room=4, offers={"ngram": [None] * 4}).drafter is not None
-    again = Controller([Named("ngram", True)], shared_costs())
+    again = aligning()
     again.load_state(burnt.state())  # what was learnt is remembered
-    again.bind(LlamaLike())
-    assert crowded(again).drafter is None
+    assert joint(again) is None
 
 
 ALIGNED = {(2, n): 120.0 + 10.0 * (n - 1) for n in range(1, 17)}  # one pass, cheap tokens

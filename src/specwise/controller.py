@@ -10,23 +10,24 @@ is one target call shared by the batch, so the controller maximises the batch's 
 where d is the drafter's measured ms per token, V(L) the measured time of a target call with
 the token counts L by sequence, and the *_others terms are what the rest of the batch already
 put in the call (for a single request they are 0, and V(1 + m) is the cost curve). V prices a
-call as the passes the backend runs it in (`LM.passes`): on llama.cpp a sequence with more
-tokens than the rest costs a pass of its own, so in a batch a draft pays only if it is accepted
-far enough to beat that pass. Plain decoding is m = 0. As the batch grows, the extra verify
-tokens cost more than they return, so speculation backs off by itself. In a batch a wrong
-estimate costs every sequence in the call, so there the controller also (a) does not probe, and
-(b) scales a drafter's expected accepted tokens by how many of the tokens it predicted were
-accepted in the rounds run so far (`_Realism`): measured in the server, speculating requests in
-batches of 4 and 8 realised about half the accepted tokens planned, so each such round lost
-time (BENCHMARKS.md §4).
+call as the passes the backend runs it in (`LM.passes`). Plain decoding is m = 0. As the batch
+grows, the extra verify tokens cost more than they return, so speculation backs off by itself.
+In a batch a wrong estimate costs every sequence in the call, so there the controller also (a)
+does not probe, and (b) scales a drafter's expected accepted tokens by how many of the tokens it
+predicted were accepted in the rounds run so far (`_Realism`): measured in the server,
+speculating requests in batches of 4 and 8 realised about half the accepted tokens planned, so
+each such round lost time (BENCHMARKS.md §4).
 
-Planned one by one, a batch's requests almost never speculate: a longer draft is a pass of its
-own. But a call in which every sequence brings the same number of tokens is one pass, which
-costs far less (on llama.cpp, 2 sequences x 2 tokens cost 1.15x a plain step of 2, 8 x 2
-cost 1.49x of 8). So after the requests are planned, `align` weighs the batch as a whole: every
-sequence brings 1 + L tokens, its cheap drafter's offer up to L and filler after it (fed, never
-verified), with L the length of best expected goodput for the batch; taken when that beats the
-plans made one by one, and plain decoding by MARGIN.
+On llama.cpp a sequence with more tokens than the rest of its call costs a pass of its own,
+and such a pass beside a batch costs more than the same tokens alone. So a request planned on
+its own in a batch drafts only what joins the passes the batch runs anyway
+(`_shares_passes`): beside plain sequences, nothing. But a call in which every sequence brings
+the same number of tokens is one pass, which costs far less (on llama.cpp, 2 sequences x 2
+tokens cost 1.15x a plain step of 2, 8 x 2 cost 1.49x of 8). So after the requests are planned,
+`align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
+offer up to L and filler after it (fed, never verified), with L the length of best expected
+goodput for the batch; taken when that beats the plans made one by one, and plain decoding by
+MARGIN.
 
 Where a_i comes from:
 - per request and drafter, an exponential average of the observed α_i by position, started
@@ -296,7 +297,8 @@ class Controller:
             if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
-                best = Plan(d, m if d.cheap else cap, m, g[m], plain_g, e[m], dms, reason=reason)
+                k = m if d.cheap or batch.calls else cap  # a longer draft could need a pass
+                best = Plan(d, k, m, g[m], plain_g, e[m], dms, reason=reason)
                 predicted = expected_tokens(a)
             elif batch.calls:  # no probes in a batch: see the module docstring
                 continue
@@ -413,9 +415,21 @@ class Controller:
         g = [
             (batch.expected + e[m])
             / (self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0))
+            if self._shares_passes(m, batch)
+            else 0.0
             for m in range(len(e))
         ]
         return max(range(len(g)), key=g.__getitem__), g, e
+
+    def _shares_passes(self, m: int, batch: Batch) -> bool:
+        """Whether proposing m tokens keeps this request in the passes the rest of its batch
+        runs anyway. A pass of its own, beside them, is not planned: such passes cost 1.3-1.6x
+        what a request alone pays for as many tokens, and the one-by-one drafts that needed
+        them lost 11% of their steps' time in the server (BENCHMARKS.md §4)."""
+        if m == 0 or not batch.calls:
+            return True
+        plain = len(self._passes((*batch.calls, (batch.seq, 1))))
+        return len(self._passes((*batch.calls, (batch.seq, 1 + m)))) <= plain
 
     def _worth_probing(self, d: Drafter, offer: Sequence[float | None], batch: Batch) -> int:
         """The proposal length that would pay were this request an average one and the offer's
