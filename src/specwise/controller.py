@@ -289,6 +289,8 @@ class Controller:
             cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
             if cap <= 0 or (only is not None and d.name != only):
                 continue
+            if batch.calls and not any(self._shares_passes(m, batch) for m in range(1, cap + 1)):
+                continue  # beside this batch any draft is a pass of its own
             catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
             st = self._state[d.name]
             a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None)
