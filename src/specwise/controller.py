@@ -425,9 +425,9 @@ class Controller:
 
     def _shares_passes(self, m: int, batch: Batch) -> bool:
         """Whether proposing m tokens keeps this request in the passes the rest of its batch
-        runs anyway. A pass of its own, beside them, is not planned: such passes cost 1.3-1.6x
-        what a request alone pays for as many tokens, and the one-by-one drafts that needed
-        them lost 11% of their steps' time in the server (BENCHMARKS.md §4)."""
+        runs anyway. A pass of its own, beside them, is not planned: such passes mostly cost
+        1.3-1.6x what a request alone pays for as many tokens, and the one-by-one drafts that
+        needed them lost 11% of their steps' time in the server (BENCHMARKS.md §4)."""
         if m == 0 or not batch.calls:
             return True
         plain = len(self._passes((*batch.calls, (batch.seq, 1))))
