@@ -48,7 +48,11 @@ def brute_force(alpha, draft_ms, v, batch=None, passes=None):
     g = []
     for m in range(len(alpha) + 1):
         calls = (*batch.calls, (batch.seq, 1 + m))
-        if passes and batch.calls and len(passes(calls)) > len(passes((*batch.calls, (0, 1)))):
+        if (
+            passes
+            and batch.calls
+            and len(passes(calls)) > len(passes((*batch.calls, (batch.seq, 1))))
+        ):
             g.append(0.0)
             continue
         cost = batch.draft_ms + draft_ms * m + v(calls)

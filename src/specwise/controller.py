@@ -21,7 +21,7 @@ each such round lost time (BENCHMARKS.md §4).
 On llama.cpp a sequence with more tokens than the rest of its call costs a pass of its own,
 and such a pass beside a batch costs more than the same tokens alone. So a request planned on
 its own in a batch drafts only what joins the passes the batch runs anyway
-(`_shares_passes`): beside plain sequences, nothing. But a call in which every sequence brings
+(`_sharing`): beside plain sequences, nothing. But a call in which every sequence brings
 the same number of tokens is one pass, which costs far less (on llama.cpp, 2 sequences x 2
 tokens cost 1.15x a plain step of 2, 8 x 2 cost 1.49x of 8). So after the requests are planned,
 `align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
@@ -289,13 +289,16 @@ class Controller:
             cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
             if cap <= 0 or (only is not None and d.name != only):
                 continue
-            if batch.calls and not any(self._shares_passes(m, batch) for m in range(1, cap + 1)):
+            lengths = self._sharing(batch, cap)
+            if lengths == [0]:
                 continue  # beside this batch any draft is a pass of its own
             catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
             st = self._state[d.name]
             a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None)
             scale = st.realism.factor() if batch.calls else 1.0
-            m, g, e = self._best_length(d.name, a, batch, catch_up / max(remaining, 1), scale)
+            m, g, e = self._best_length(
+                d.name, a, batch, catch_up / max(remaining, 1), scale, lengths
+            )
             if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
@@ -408,30 +411,34 @@ class Controller:
         batch: Batch,
         ms_per_expected: float = 0.0,
         scale: float = 1.0,
+        lengths: Sequence[int] | None = None,
     ) -> tuple[int, list[float], list[float]]:
         """(m, G, E): the draft length m <= len(a) with the best goodput G[m] of the round,
         given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
         ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
-        scale multiplies the expected accepted tokens E - 1."""
+        scale multiplies the expected accepted tokens E - 1; lengths (default: all) are the
+        ones that may be chosen, G is 0 at the others."""
         e = _scaled(expected_tokens(a), scale)
-        g = [
-            (batch.expected + e[m])
-            / (self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0))
-            if self._shares_passes(m, batch)
-            else 0.0
-            for m in range(len(e))
-        ]
+        g = [0.0] * len(e)
+        for m in range(len(e)) if lengths is None else lengths:
+            c = self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0)
+            g[m] = (batch.expected + e[m]) / c
         return max(range(len(g)), key=g.__getitem__), g, e
 
-    def _shares_passes(self, m: int, batch: Batch) -> bool:
-        """Whether proposing m tokens keeps this request in the passes the rest of its batch
-        runs anyway. A pass of its own, beside them, is not planned: such passes mostly cost
-        1.3-1.6x what a request alone pays for as many tokens, and the one-by-one drafts that
-        needed them lost 11% of their steps' time in the server (BENCHMARKS.md §4)."""
-        if m == 0 or not batch.calls:
-            return True
+    def _sharing(self, batch: Batch, cap: int) -> list[int]:
+        """The draft lengths 0..cap that keep this request in the passes the rest of its batch
+        runs anyway (alone: all of them). A pass of its own, beside them, is not planned: such
+        passes mostly cost 1.3-1.6x what a request alone pays for as many tokens, and the
+        one-by-one drafts that needed them lost 11% of their steps' time in the server
+        (BENCHMARKS.md §4)."""
+        if not batch.calls:
+            return list(range(cap + 1))
         plain = len(self._passes((*batch.calls, (batch.seq, 1))))
-        return len(self._passes((*batch.calls, (batch.seq, 1 + m)))) <= plain
+        return [0] + [
+            m
+            for m in range(1, cap + 1)
+            if len(self._passes((*batch.calls, (batch.seq, 1 + m)))) <= plain
+        ]
 
     def _worth_probing(self, d: Drafter, offer: Sequence[float | None], batch: Batch) -> int:
         """The proposal length that would pay were this request an average one and the offer's
