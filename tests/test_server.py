@@ -130,6 +130,33 @@ def test_streaming_equals_non_streaming(client):
     assert chat[-1].usage.completion_tokens > 0
 
 
+def test_continuous_usage_counts_the_tokens_of_every_chunk(client):
+    parts = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPTS[3]}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"speculative": {"k": 4, "drafter": "ngram"}},
+        )
+    )
+    counts = [p.usage.completion_tokens for p in parts]
+    assert counts == sorted(counts) and counts[0] >= 1
+    assert counts[-1] == 24 and parts[-1].choices == []
+    plain = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPTS[3]}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert all(p.usage is None for p in plain)
+
+
 def test_raw_sse_ends_with_done(server):
     with httpx.stream(
         "POST", server[0] + "/v1/completions", json=greedy(PROMPTS[0], stream=True), timeout=60
@@ -310,6 +337,9 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     assert all(lv["errors"] == 0 and lv["throughput_tokens_per_s"] > 0 for lv in levels)
     assert all(lv["requests"] == 4 and len(lv["throughput_by_round"]) == 2 for lv in levels)
     assert all(lv["ttft_s"]["p50"] is not None for lv in levels)
+    # 2 requests with 1 in flight: the first one's time is steady; with 2 in flight, none is
+    assert [lv["steady_tokens_per_s"] is not None for lv in levels] == [True, True, False, False]
+    assert all(len(lv["steady_by_round"]) == 2 for lv in levels[:2])
     out = capsys.readouterr().out
     ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
     assert [(q["concurrency"], q["k"], q["vs"], len(q["by_round"])) for q in ratios] == [

@@ -3,8 +3,15 @@
 For each concurrency level (and each speculation setting, when the server is specwise), N chat
 requests run with that many in flight. Per request: TTFT (streaming only: time to the first
 content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
-latency percentiles, aggregate throughput (completion tokens over the level's wall time) and
-errors. Settings of one level run back to back, so their numbers are side by side; with
+latency percentiles, aggregate throughput (completion tokens over the level's wall time),
+steady throughput and errors. Steady throughput (streaming only) counts the tokens received
+while every worker had a request in flight — from the moment the level's concurrency was
+reached to the moment the last request was sent — over that time: a run of N requests ends
+with its last ones finishing alone, at lower concurrency, and how long that tail lasts
+depends on how far the requests drifted apart, not on the server's speed at the tested
+concurrency. Token times come from the usage a chunk carries when the server sends one with
+every chunk (`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from
+counting chunks. Settings of one level run back to back, so their numbers are side by side; with
 `rounds` > 1 each level runs its settings that many times, in reversed order every other round
 (A B, B A, ...), so drift of the machine weighs on every setting alike, and the statistics pool
 all rounds (throughput: all tokens over all wall time; per-round throughputs kept). With several
@@ -14,6 +21,7 @@ Talks HTTP only; it knows nothing of specwise's internals.
 
 from __future__ import annotations
 
+import bisect
 import json
 import sys
 import time
@@ -53,13 +61,14 @@ def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, A
     }
     if opts.model:
         body["model"] = opts.model
-    if opts.stream:
-        body["stream_options"] = {"include_usage": True}
+    if opts.stream:  # usage in every chunk where the server can (vLLM's extension; specwise)
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if k is not None:
         body["speculative"] = {"k": k}
     t0 = time.perf_counter()
     first = None
     tokens = chunks = 0
+    timeline: list[tuple[float, int | None]] = []  # (time, completion tokens so far) by chunk
     try:
         if not opts.stream:
             r = client.post("/chat/completions", json=body)
@@ -79,18 +88,60 @@ def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, A
                     for ch in obj.get("choices", []):
                         if (ch.get("delta") or {}).get("content"):
                             chunks += 1
-                            if first is None:
-                                first = time.perf_counter()
+                            now = time.perf_counter()
+                            first = first or now
+                            timeline.append(
+                                (now, (obj.get("usage") or {}).get("completion_tokens"))
+                            )
     except httpx.HTTPError as exc:
         return {"error": type(exc).__name__, "latency_s": time.perf_counter() - t0}
     end = time.perf_counter()
     tokens = tokens or chunks
-    out = {"latency_s": end - t0, "tokens": tokens, "ttft_s": None, "continuation_tps": None}
+    out = {
+        "sent": t0,
+        "end": end,
+        "latency_s": end - t0,
+        "tokens": tokens,
+        "ttft_s": None,
+        "continuation_tps": None,
+        "progress": _progress(timeline, tokens, end) if opts.stream else None,
+    }
     if first is not None:
         out["ttft_s"] = first - t0
         if tokens > 1 and end > first:
             out["continuation_tps"] = (tokens - 1) / (end - first)
     return out
+
+
+def _progress(
+    timeline: list[tuple[float, int | None]], tokens: int, end: float
+) -> list[tuple[float, float]]:
+    """(time, completion tokens so far) of a request: the server's count at each chunk where it
+    sent one, else the chunks so far scaled to the final count; all tokens by `end`."""
+    if timeline and all(n is not None for _, n in timeline):
+        points = [(t, float(n)) for t, n in timeline]
+    else:
+        points = [(t, tokens * (i + 1) / len(timeline)) for i, (t, _) in enumerate(timeline)]
+    return [*points, (end, float(tokens))]
+
+
+def _tokens_by(progress: list[tuple[float, float]], t: float) -> float:
+    """Completion tokens a request had received by time t."""
+    i = bisect.bisect_right([p for p, _ in progress], t)
+    return progress[i - 1][1] if i else 0.0
+
+
+def _steady(results: list[dict[str, Any]], concurrency: int) -> tuple[float, float] | None:
+    """(tokens, seconds) of a run while all `concurrency` workers had a request in flight: from
+    the concurrency-th request sent to the last one sent (a worker sends its next request as
+    soon as the last one ends). None when the run had no such time (requests <= concurrency),
+    a request failed, or they did not stream (no times of tokens)."""
+    if len(results) <= concurrency or any(r.get("progress") is None for r in results):
+        return None
+    sent = sorted(r["sent"] for r in results)
+    a, b = sent[concurrency - 1], sent[-1]
+    tokens = sum(_tokens_by(r["progress"], b) - _tokens_by(r["progress"], a) for r in results)
+    return tokens, b - a
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -124,6 +175,12 @@ def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) 
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     cont = [r["continuation_tps"] for r in ok if r["continuation_tps"] is not None]
     wall = sum(w for _, w in runs)
+    steady = [_steady(rs, concurrency) for rs, _ in runs]
+    if None in steady:
+        steady_tps, steady_by_round = None, None
+    else:
+        steady_tps = sum(n for n, _ in steady) / sum(t for _, t in steady)
+        steady_by_round = [n / t for n, t in steady]
     return {
         "concurrency": concurrency,
         "k": k,
@@ -134,6 +191,8 @@ def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) 
         "throughput_by_round": [
             sum(r["tokens"] for r in rs if "error" not in r) / w for rs, w in runs
         ],
+        "steady_tokens_per_s": steady_tps,
+        "steady_by_round": steady_by_round,
         "latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99)},
         "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
         "continuation_tokens_per_s": {"p50": _pct(cont, 50), "p10": _pct(cont, 10)},
@@ -153,6 +212,13 @@ def _ratios(levels: list[dict]) -> list[dict]:
                 for a, b in zip(lv["throughput_by_round"], base["throughput_by_round"], strict=True)
             ]
             pooled = lv["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
+            steady = steady_by_round = None
+            if lv["steady_tokens_per_s"] and base["steady_tokens_per_s"]:
+                steady = lv["steady_tokens_per_s"] / base["steady_tokens_per_s"]
+                steady_by_round = [
+                    a / b
+                    for a, b in zip(lv["steady_by_round"], base["steady_by_round"], strict=True)
+                ]
             out.append(
                 {
                     "concurrency": c,
@@ -160,6 +226,8 @@ def _ratios(levels: list[dict]) -> list[dict]:
                     "vs": base["k"],
                     "pooled": pooled,
                     "by_round": by_round,
+                    "steady": steady,
+                    "steady_by_round": steady_by_round,
                 }
             )
     return out
@@ -223,13 +291,14 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     levels = [_level(c, k, rs) for (c, k), rs in runs.items()]
     ratios = _ratios(levels)
     lines = [
-        f"{'conc':>4} {'k':>5} {'tok/s':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
+        f"{'conc':>4} {'k':>5} {'tok/s':>8} {'steady':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
         f"{'TTFT p50':>8} {'cont. tok/s p50':>15} {'errors':>6}"
     ]
     for lv in levels:
         lines.append(
             f"{lv['concurrency']:>4} {lv['k'] if lv['k'] is not None else '-'!s:>5} "
-            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['latency_s']['p50']):>7} "
+            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['steady_tokens_per_s']):>8} "
+            f"{_fmt(lv['latency_s']['p50']):>7} "
             f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
             f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['continuation_tokens_per_s']['p50']):>15} "
             f"{lv['errors']:>6}"
@@ -238,10 +307,14 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
         lines += ["", f"throughput ratios ({opts.rounds} round(s) a level, pooled; by round)"]
     for q in ratios:
         rounds = ", ".join(f"{x:.2f}" for x in q["by_round"])
-        lines.append(
+        line = (
             f"concurrency {q['concurrency']:>3}: k={q['k']} / k={q['vs']} = {q['pooled']:.3f}"
             f" ({rounds})"
         )
+        if q["steady"] is not None:
+            rounds = ", ".join(f"{x:.2f}" for x in q["steady_by_round"])
+            line += f"; steady {q['steady']:.3f} ({rounds})"
+        lines.append(line)
     table = "\n".join(lines)
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),

@@ -181,7 +181,7 @@ async def _complete(
                 return Response(status_code=499)
             continue
         if kind == "text":
-            parts.append(payload)
+            parts.append(payload[0])
         elif kind == "error":
             status, message = payload
             field = ("messages" if req.chat else "prompt") if status == 400 else None
@@ -204,12 +204,19 @@ async def _stream(
     def sse(obj: dict) -> bytes:
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
+    def with_usage(obj: dict, completion_tokens: int) -> dict:
+        if req.continuous_usage:
+            obj["usage"] = protocol.usage(n_prompt, completion_tokens)
+        return obj
+
     first = True
     try:
         while True:
             kind, payload = await job.events.get()
             if kind == "text":
-                yield sse(protocol.chunk(req, job.id, created, payload, None, first=first))
+                text, emitted = payload
+                obj = protocol.chunk(req, job.id, created, text, None, first=first)
+                yield sse(with_usage(obj, emitted))
                 first = False
             elif kind == "error":
                 status, message = payload
@@ -221,9 +228,8 @@ async def _stream(
                 break
             else:
                 result = payload
-                yield sse(
-                    protocol.chunk(req, job.id, created, None, result.finish_reason, first=first)
-                )
+                obj = protocol.chunk(req, job.id, created, None, result.finish_reason, first=first)
+                yield sse(with_usage(obj, result.summary.emitted))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(req, job.id, created, n_prompt, result.summary))
                 break

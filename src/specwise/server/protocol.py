@@ -55,6 +55,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # usage in every chunk (as vLLM's `continuous_usage_stats`)
     k: int | str | None
     drafter: str | None
 
@@ -180,6 +181,7 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
         params,
         stream,
         bool(opts.get("include_usage", False)),
+        bool(opts.get("continuous_usage_stats", False)),
         k,
         drafter,
     )

@@ -49,7 +49,8 @@ class Job:
     first_sent: bool = False
 
     def emit(self, kind: str, payload: Any = None) -> None:
-        """Thread-safe: ("text", str), ("done", GenerationResult) or ("error", (status, msg))."""
+        """Thread-safe: ("text", (str, tokens emitted so far)), ("done", GenerationResult) or
+        ("error", (status, msg))."""
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutting down)
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
 
@@ -173,7 +174,7 @@ class Scheduler:
         if req.detok is not None and not req.done:
             text = req.detok.take()
             if text:
-                job.emit("text", text)
+                job.emit("text", (text, len(req.tokens)))
         if req.done:
             self._end(job, "ok")
 
@@ -189,5 +190,5 @@ class Scheduler:
         elif status == "ok":
             tail = job.req.detok.take(final=True) if job.req.detok is not None else ""
             if tail:
-                job.emit("text", tail)
+                job.emit("text", (tail, len(job.req.tokens)))
             job.emit("done", result)

@@ -1,0 +1,60 @@
+"""`bench load`'s arithmetic on made-up request timelines: steady throughput counts only the
+time in which every worker had a request in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from specwise.bench.load import _progress, _steady, _tokens_by
+
+
+def request(sent: float, progress: list[tuple[float, float]]) -> dict:
+    return {"sent": sent, "end": progress[-1][0], "tokens": progress[-1][1], "progress": progress}
+
+
+def test_tokens_by_is_the_last_count_at_or_before_a_time():
+    p = [(1.0, 2.0), (2.0, 5.0), (4.0, 6.0)]
+    assert [_tokens_by(p, t) for t in (0.5, 1.0, 1.5, 2.0, 3.9, 4.0, 9.0)] == [
+        0.0,
+        2.0,
+        2.0,
+        5.0,
+        5.0,
+        6.0,
+        6.0,
+    ]
+
+
+def test_progress_takes_the_servers_counts_or_scales_chunks():
+    assert _progress([(1.0, 3), (2.0, 7)], 8, 2.5) == [(1.0, 3.0), (2.0, 7.0), (2.5, 8.0)]
+    # a server without per-chunk usage: 4 chunks for 8 tokens
+    assert _progress([(1.0, None), (2.0, None), (3.0, None), (4.0, None)], 8, 4.5) == [
+        (1.0, 2.0),
+        (2.0, 4.0),
+        (3.0, 6.0),
+        (4.0, 8.0),
+        (4.5, 8.0),
+    ]
+
+
+def test_steady_counts_tokens_while_every_worker_is_busy():
+    # 2 workers, 3 requests: A and B sent at 0, A ends at 4 and C is sent; B ends at 6, C at 9.
+    # Both workers are busy from 0 (second send) to 4 (last send); tail 4..9 is not counted.
+    a = request(0.0, [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 4.0)])
+    b = request(0.0, [(1.0, 2.0), (3.0, 6.0), (6.0, 8.0)])
+    c = request(4.0, [(5.0, 1.0), (9.0, 5.0)])
+    tokens, seconds = _steady([a, b, c], 2)
+    assert seconds == 4.0
+    assert tokens == 4.0 + 6.0 + 0.0  # A: all 4; B: 6 by t=4; C: none by its own send time
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)])],  # requests <= concurrency
+        [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)]), {"error": "HTTP 500"}],
+        [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)]), {"sent": 1.0, "progress": None}],
+    ],
+)
+def test_steady_is_none_without_a_busy_time_or_with_failures_or_no_stream(results):
+    assert _steady(results, 2) is None
