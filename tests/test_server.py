@@ -340,6 +340,10 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     # 2 requests with 1 in flight: the first one's time is steady; with 2 in flight, none is
     assert [lv["steady_tokens_per_s"] is not None for lv in levels] == [True, True, False, False]
     assert all(len(lv["steady_by_round"]) == 2 for lv in levels[:2])
+    rows = [json.loads(x) for x in (tmp_path / "load" / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2 * 2  # levels x settings x rounds x requests
+    assert all(0 <= r["sent"] < r["first"] <= r["end"] and r["tokens"] > 0 for r in rows)
+    assert all(r["progress"][-1] == [r["end"], r["tokens"]] for r in rows)
     out = capsys.readouterr().out
     ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
     assert [(q["concurrency"], q["k"], q["vs"], len(q["by_round"])) for q in ratios] == [

@@ -5,13 +5,16 @@ requests run with that many in flight. Per request: TTFT (streaming only: time t
 content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
 latency percentiles, aggregate throughput (completion tokens over the level's wall time),
 steady throughput and errors. Steady throughput (streaming only) counts the tokens received
-while every worker had a request in flight — from the moment the level's concurrency was
-reached to the moment the last request was sent — over that time: a run of N requests ends
-with its last ones finishing alone, at lower concurrency, and how long that tail lasts
-depends on how far the requests drifted apart, not on the server's speed at the tested
-concurrency. Token times come from the usage a chunk carries when the server sends one with
-every chunk (`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from
-counting chunks. Settings of one level run back to back, so their numbers are side by side; with
+while every worker had a request in flight, after the start-up — from the moment the first
+`concurrency` requests all had their first token to the moment the last request was sent —
+over that time. A run of N requests starts with all its first prefills at once and ends with
+its last requests finishing alone, at lower concurrency; how long that tail lasts depends on
+how far the requests drifted apart, not on the server's speed at the tested concurrency. The
+window should hold several requests per worker (e.g. N >= 4 x concurrency). Token times come
+from the usage a chunk carries when the server sends one with every chunk
+(`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from counting
+chunks. Every request's record (times from its run's start) goes to `requests.jsonl` in the
+output folder, the level statistics to `load.json`. Settings of one level run back to back, so their numbers are side by side; with
 `rounds` > 1 each level runs its settings that many times, in reversed order every other round
 (A B, B A, ...), so drift of the machine weighs on every setting alike, and the statistics pool
 all rounds (throughput: all tokens over all wall time; per-round throughputs kept). With several
@@ -99,6 +102,7 @@ def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, A
     tokens = tokens or chunks
     out = {
         "sent": t0,
+        "first": first,
         "end": end,
         "latency_s": end - t0,
         "tokens": tokens,
@@ -132,14 +136,20 @@ def _tokens_by(progress: list[tuple[float, float]], t: float) -> float:
 
 
 def _steady(results: list[dict[str, Any]], concurrency: int) -> tuple[float, float] | None:
-    """(tokens, seconds) of a run while all `concurrency` workers had a request in flight: from
-    the concurrency-th request sent to the last one sent (a worker sends its next request as
-    soon as the last one ends). None when the run had no such time (requests <= concurrency),
-    a request failed, or they did not stream (no times of tokens)."""
+    """(tokens, seconds) of a run in its steady state, every worker with a request in flight
+    (a worker sends its next request as soon as the last one ends): from the moment the first
+    `concurrency` requests all had their first token (the start-up, all their prefills at once,
+    is over) to the last request sent (the tail begins). None when the run had no such time
+    (too few requests), a request failed, or they did not stream (no times of tokens)."""
     if len(results) <= concurrency or any(r.get("progress") is None for r in results):
         return None
-    sent = sorted(r["sent"] for r in results)
-    a, b = sent[concurrency - 1], sent[-1]
+    by_sent = sorted(results, key=lambda r: r["sent"])
+    if any(r["first"] is None for r in by_sent[:concurrency]):
+        return None
+    a = max(r["first"] for r in by_sent[:concurrency])
+    b = by_sent[-1]["sent"]
+    if b <= a:
+        return None
     tokens = sum(_tokens_by(r["progress"], b) - _tokens_by(r["progress"], a) for r in results)
     return tokens, b - a
 
@@ -164,7 +174,14 @@ def _run(opts: LoadOptions, concurrency: int, k) -> tuple[list[dict[str, Any]], 
                 range(opts.requests),
             )
         )
-        return results, time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+    for r in results:  # times from the run's start
+        for key in ("sent", "first", "end"):
+            if r.get(key) is not None:
+                r[key] -= t0
+        if r.get("progress"):
+            r["progress"] = [(t - t0, n) for t, n in r["progress"]]
+    return results, wall
 
 
 def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) -> dict:
@@ -281,12 +298,20 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[int, Any], list] = {(c, k): [] for c in opts.concurrency for k in opts.ks}
-    with tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar:
+    with (
+        tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar,
+        (opts.out / "requests.jsonl").open("w") as log,
+    ):
         for c in opts.concurrency:
             for i in range(opts.rounds):
                 for k in opts.ks if i % 2 == 0 else opts.ks[::-1]:
                     bar.set_postfix_str(f"concurrency {c} k={k} round {i + 1}")
-                    runs[(c, k)].append(_run(opts, c, k))
+                    results, wall = _run(opts, c, k)
+                    runs[(c, k)].append((results, wall))
+                    for j, r in enumerate(results):
+                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j, **r}
+                        log.write(json.dumps(row, separators=(",", ":")) + "\n")
+                    log.flush()
                     bar.update(1)
     levels = [_level(c, k, rs) for (c, k), rs in runs.items()]
     ratios = _ratios(levels)
