@@ -3,6 +3,7 @@ batch back-off, and the engine in auto mode (still exact)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from specwise.controller import (
     Batch,
     Controller,
     Offered,
+    Plan,
     expected_tokens,
 )
 from specwise.costs import CostCurve, CostModel, measure_costs
@@ -451,6 +453,48 @@ def test_a_batch_is_not_aligned_where_it_does_not_pay_or_cannot_be():
     drafting = replace(b.plan, drafter=ctl.drafters[1])
     assert ctl.align([a, replace(b, plan=drafting)], [(0, 1), (1, 3)], 0.0) is None
     assert ctl.align([a, replace(b, room=0)], [(0, 1), (1, 1)], 0.0) is None  # no room
+
+
+def test_the_ceiling_of_an_alignment_bounds_it_and_changes_no_decision(monkeypatch):
+    """`align` stops early where `_ceiling` (every offered token accepted) cannot beat the bar;
+    over random batches that must give the joint plan the full search gives."""
+    rng = np.random.default_rng(7)
+    cut = 0
+    for case in range(300):
+        b = int(rng.integers(2, 6))
+        per_token = float(rng.uniform(2.0, 150.0))
+        shared = {(b, n): 100.0 + per_token * (n - 1) for n in range(1, 17)}
+        prior = [float(x) for x in rng.uniform(0.1, 0.95, 8)]
+        ctls = []
+        for _ in range(2):  # one stops at the ceiling, one searches in full
+            ctl = Controller([Named("ngram", True), Named("model", False)], shared_costs())
+            ctl.costs.batched = dict(shared)
+            ctl.bind(LlamaLike())
+            ctl.set_prior("ngram", prior)
+            ctls.append(ctl)
+        r = np.random.default_rng(case)  # the same offers for both controllers
+        lengths = [int(r.integers(0, 9)) for _ in range(b)]
+        confs = [
+            [None if r.random() < 0.3 else float(r.random()) for _ in range(n)] for n in lengths
+        ]
+        asks = [
+            [
+                Offered(f"r{i}", i, 8, {"ngram": c}, Plan(None, 0, 0, 0.0, 0.0))
+                for i, c in enumerate(confs)
+            ]
+            for _ in ctls
+        ]
+        calls = [(i, 1) for i in range(b)]
+        quick = ctls[0].align(asks[0], calls, 0.0)
+        ceiling = ctls[1]._ceiling(asks[1], *ctls[1]._aligned_steps(asks[1], 8, 0.0))
+        monkeypatch.setattr(ctls[1], "_ceiling", lambda *a: math.inf)
+        full = ctls[1].align(asks[1], calls, 0.0)
+        assert quick == full
+        if full is not None:
+            assert full.expected_goodput <= ceiling * (1 + 1e-9)
+        else:
+            cut += ceiling <= MARGIN * b / ctls[1]._step_ms(tuple(calls), 0.0)
+    assert 30 < cut < 300  # the bound both decides cases and leaves some to the search
 
 
 def test_an_aligned_batch_decodes_exactly_as_plain_decoding():

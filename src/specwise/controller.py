@@ -367,6 +367,9 @@ class Controller:
         plain = goodput(float(len(requests)), [(q.seq, 1) for q in requests])
         bar = max(goodput(now, calls), MARGIN * plain)
         longest = min(q.room for q in requests)
+        offered, steps = self._aligned_steps(requests, longest, draft_ms)
+        if self._ceiling(requests, offered, steps) <= bar * (1 - 1e-9):  # rounding slack
+            return None  # mostly so: then no acceptance needs working out
         # per request and cheap drafter: E(0..) of its offer, as predicted (raw) and as
         # trusted in a batch (scaled by how far its plans came true)
         raw: list[dict[str, list[float]]] = []
@@ -390,7 +393,7 @@ class Controller:
                 )
                 for p in expect
             ]
-            g = goodput(sum(x[2] for x in picks), [(q.seq, 1 + n) for q in requests])
+            g = sum(x[2] for x in picks) / steps[n]
             if g > (bar if best is None else best.expected_goodput):
                 reason = f"aligned: {len(requests)} x {1 + n} tokens, {g:.4f} > {bar:.4f} tokens/ms"
                 best = Alignment(n, tuple(picks), g, plain, reason)
@@ -403,6 +406,45 @@ class Controller:
                         st.idle[q.rid] = 0
                         st.planned[q.rid] = r[name][: m + 1]
         return best
+
+    def _aligned_steps(
+        self, requests: Sequence[Offered], longest: int, draft_ms: float
+    ) -> tuple[list[int], list[float]]:
+        """For `align`: the most tokens each request has on offer (up to `longest`), and the ms
+        of a round in which every sequence brings 1 + n tokens, for n = 0 .. the most offered."""
+        cheap = [d for d in self.drafters if d.cheap]
+        offered = [
+            max(
+                (
+                    len(q.offers.get(d.name, ())[:longest])
+                    for d in cheap
+                    if q.only in (None, d.name)
+                ),
+                default=0,
+            )
+            for q in requests
+        ]
+        steps = [
+            self._step_ms(tuple((q.seq, 1 + n) for q in requests), draft_ms)
+            for n in range(max(offered, default=0) + 1)
+        ]
+        return offered, steps
+
+    def _ceiling(
+        self, requests: Sequence[Offered], offered: list[int], steps: list[float]
+    ) -> float:
+        """An upper bound on the goodput of any alignment of `requests` (`align`): every offered
+        token accepted, as far as the drafters' plans have come true in batches."""
+        trust = max(
+            (self._state[d.name].realism.factor() for d in self.drafters if d.cheap), default=0.0
+        )
+        return max(
+            (
+                (len(requests) + trust * sum(min(n, x) for x in offered)) / steps[n]
+                for n in range(1, len(steps))
+            ),
+            default=0.0,
+        )
 
     def _best_length(
         self,
