@@ -9,7 +9,7 @@ from specwise.bench.load import _progress, _steady, _tokens_by
 
 
 def request(sent: float, progress: list[tuple[float, float]]) -> dict:
-    return {"sent": sent, "first": progress[0][0], "progress": progress}
+    return {"sent": sent, "first": progress[0][0], "end": progress[-1][0], "progress": progress}
 
 
 def test_tokens_by_is_the_last_count_at_or_before_a_time():
@@ -39,23 +39,25 @@ def test_progress_takes_the_servers_counts_or_scales_chunks():
 
 def test_steady_counts_tokens_while_every_worker_is_busy_after_the_start_up():
     # 2 workers, 3 requests: A and B sent at 0 (first tokens at 1 and 2), A ends at 4 and C is
-    # sent; B ends at 6, C at 9. Steady: from 2 (both have a token) to 4 (the last send); the
-    # start-up before 2 and the tail after 4 are not counted.
+    # sent; B ends at 6, C at 9. Steady: from 2 (both have a token) to 6 (B ends, the first
+    # to end after the last send); the start-up before 2 and the tail after 6 are not counted.
     a = request(0.0, [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 4.0)])
     b = request(0.0, [(2.0, 2.0), (3.0, 6.0), (6.0, 8.0)])
     c = request(4.0, [(5.0, 1.0), (9.0, 5.0)])
     tokens, seconds = _steady([a, b, c], 2)
-    assert seconds == 2.0
-    assert tokens == (4.0 - 2.0) + (6.0 - 2.0) + 0.0  # C: none by its own send time
+    assert seconds == 4.0
+    assert tokens == (4.0 - 2.0) + (8.0 - 2.0) + 1.0
+    # as many requests as workers: from the last first token to the first end
+    assert _steady([a, b], 2) == (2.0 + 4.0, 2.0)
 
 
 @pytest.mark.parametrize(
     "results",
     [
-        [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)])],  # requests <= concurrency
+        [request(0.0, [(1.0, 1.0)])],  # fewer requests than workers
         [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)]), {"error": "HTTP 500"}],
         [request(0.0, [(1.0, 1.0)]), request(0.0, [(2.0, 1.0)]), {"sent": 1.0, "progress": None}],
-        # the start-up outlasts the sends: the second first token comes after the last send
+        # the start-up outlasts the steady time: a request ends before the other's first token
         [request(0.0, [(1.0, 1.0)]), request(0.0, [(5.0, 1.0)]), request(1.0, [(6.0, 1.0)])],
     ],
 )

@@ -337,9 +337,7 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     assert all(lv["errors"] == 0 and lv["throughput_tokens_per_s"] > 0 for lv in levels)
     assert all(lv["requests"] == 4 and len(lv["throughput_by_round"]) == 2 for lv in levels)
     assert all(lv["ttft_s"]["p50"] is not None for lv in levels)
-    # 2 requests with 1 in flight: the first one's time is steady; with 2 in flight, none is
-    assert [lv["steady_tokens_per_s"] is not None for lv in levels] == [True, True, False, False]
-    assert all(len(lv["steady_by_round"]) == 2 for lv in levels[:2])
+    assert all(lv["steady_tokens_per_s"] > 0 and len(lv["steady_by_round"]) == 2 for lv in levels)
     rows = [json.loads(x) for x in (tmp_path / "load" / "requests.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 2 * 2 * 2  # levels x settings x rounds x requests
     assert all(0 <= r["sent"] < r["first"] <= r["end"] and r["tokens"] > 0 for r in rows)

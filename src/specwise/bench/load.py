@@ -6,11 +6,11 @@ content chunk), continuation tokens/s after the first token, end-to-end latency;
 latency percentiles, aggregate throughput (completion tokens over the level's wall time),
 steady throughput and errors. Steady throughput (streaming only) counts the tokens received
 while every worker had a request in flight, after the start-up — from the moment the first
-`concurrency` requests all had their first token to the moment the last request was sent —
-over that time. A run of N requests starts with all its first prefills at once and ends with
-its last requests finishing alone, at lower concurrency; how long that tail lasts depends on
-how far the requests drifted apart, not on the server's speed at the tested concurrency. The
-window should hold several requests per worker (e.g. N >= 4 x concurrency). Token times come
+`concurrency` requests all had their first token to the moment the first request ends after
+the last one was sent — over that time. A run of N requests starts with all its first
+prefills at once and ends with its last requests finishing alone, at lower concurrency; how
+long that tail lasts depends on how far the requests drifted apart, not on the server's speed
+at the tested concurrency. Token times come
 from the usage a chunk carries when the server sends one with every chunk
 (`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from counting
 chunks. Every request's record (times from its run's start) goes to `requests.jsonl` in the
@@ -139,15 +139,16 @@ def _steady(results: list[dict[str, Any]], concurrency: int) -> tuple[float, flo
     """(tokens, seconds) of a run in its steady state, every worker with a request in flight
     (a worker sends its next request as soon as the last one ends): from the moment the first
     `concurrency` requests all had their first token (the start-up, all their prefills at once,
-    is over) to the last request sent (the tail begins). None when the run had no such time
-    (too few requests), a request failed, or they did not stream (no times of tokens)."""
-    if len(results) <= concurrency or any(r.get("progress") is None for r in results):
+    is over) to the first request to end after the last one was sent (the tail begins). None
+    when the run had no such time (too few requests), a request failed, or they did not stream
+    (no times of tokens)."""
+    if len(results) < concurrency or any(r.get("progress") is None for r in results):
         return None
     by_sent = sorted(results, key=lambda r: r["sent"])
     if any(r["first"] is None for r in by_sent[:concurrency]):
         return None
     a = max(r["first"] for r in by_sent[:concurrency])
-    b = by_sent[-1]["sent"]
+    b = min(r["end"] for r in results if r["end"] > by_sent[-1]["sent"])
     if b <= a:
         return None
     tokens = sum(_tokens_by(r["progress"], b) - _tokens_by(r["progress"], a) for r in results)
