@@ -116,45 +116,36 @@ def test_streaming_equals_non_streaming(client):
     )
     assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
     assert parts[-1].choices[0].finish_reason == whole.choices[0].finish_reason
-    chat = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": PROMPTS[1]}],
-            max_tokens=24,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
+    chat = chat_stream(client, PROMPTS[1], stream_options={"include_usage": True})
     assert chat[0].choices[0].delta.role == "assistant"
     assert chat[-1].usage.completion_tokens > 0
 
 
-def test_continuous_usage_counts_the_tokens_of_every_chunk(client):
-    parts = list(
+def chat_stream(client, prompt, **kw) -> list:
+    """The chunks of a greedy streamed chat completion of 24 tokens."""
+    return list(
         client.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "user", "content": PROMPTS[3]}],
+            messages=[{"role": "user", "content": prompt}],
             max_tokens=24,
             temperature=0,
             stream=True,
-            stream_options={"include_usage": True, "continuous_usage_stats": True},
-            extra_body={"speculative": {"k": 4, "drafter": "ngram"}},
+            **kw,
         )
+    )
+
+
+def test_continuous_usage_counts_the_tokens_of_every_chunk(client):
+    parts = chat_stream(
+        client,
+        PROMPTS[3],
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"speculative": {"k": 4, "drafter": "ngram"}},
     )
     counts = [p.usage.completion_tokens for p in parts]
     assert counts == sorted(counts) and counts[0] >= 1
     assert counts[-1] == 24 and parts[-1].choices == []
-    plain = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": PROMPTS[3]}],
-            max_tokens=24,
-            temperature=0,
-            stream=True,
-        )
-    )
-    assert all(p.usage is None for p in plain)
+    assert all(p.usage is None for p in chat_stream(client, PROMPTS[3]))
 
 
 def test_raw_sse_ends_with_done(server):
