@@ -359,15 +359,11 @@ class Controller:
             for q in requests
         ):
             return None
-
-        def goodput(expected: float, shape: Sequence[tuple[int, int]]) -> float:
-            return expected / self._step_ms(tuple(shape), draft_ms)
-
-        now = sum(q.plan.expected_tokens if q.plan.drafter else 1.0 for q in requests)
-        plain = goodput(float(len(requests)), [(q.seq, 1) for q in requests])
-        bar = max(goodput(now, calls), MARGIN * plain)
         longest = min(q.room for q in requests)
-        offered, steps = self._aligned_steps(requests, longest, draft_ms)
+        offered, steps = self._aligned_steps(requests, longest, draft_ms)  # steps[0]: plain
+        now = sum(q.plan.expected_tokens if q.plan.drafter else 1.0 for q in requests)
+        plain = len(requests) / steps[0]
+        bar = max(now / self._step_ms(tuple(calls), draft_ms), MARGIN * plain)
         if self._ceiling(requests, offered, steps) <= bar * (1 - 1e-9):  # rounding slack
             return None  # mostly so: then no acceptance needs working out
         # per request and cheap drafter: E(0..) of its offer, as predicted (raw) and as
@@ -379,7 +375,7 @@ class Controller:
             expect.append({})
             for d in self.drafters:
                 offer = q.offers.get(d.name, ())[:longest]
-                if d.cheap and offer and (q.only is None or q.only == d.name):
+                if d.cheap and offer and q.only in (None, d.name):
                     e = expected_tokens(self._acceptances(d.name, q.rid, len(offer), offer))
                     raw[-1][d.name] = e
                     expect[-1][d.name] = _scaled(e, self._state[d.name].realism.factor())

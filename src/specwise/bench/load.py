@@ -3,22 +3,22 @@
 For each concurrency level (and each speculation setting, when the server is specwise), N chat
 requests run with that many in flight. Per request: TTFT (streaming only: time to the first
 content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
-latency percentiles, aggregate throughput (completion tokens over the level's wall time),
-steady throughput and errors. Steady throughput (streaming only) counts the tokens received
-while every worker had a request in flight, after the start-up — from the moment the first
-`concurrency` requests all had their first token to the moment the first request ends after
-the last one was sent — over that time. A run of N requests starts with all its first
-prefills at once and ends with its last requests finishing alone, at lower concurrency; how
-long that tail lasts depends on how far the requests drifted apart, not on the server's speed
-at the tested concurrency. Token times come
-from the usage a chunk carries when the server sends one with every chunk
-(`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from counting
-chunks. Every request's record (times from its run's start) goes to `requests.jsonl` in the
-output folder, the level statistics to `load.json`. Settings of one level run back to back, so their numbers are side by side; with
-`rounds` > 1 each level runs its settings that many times, in reversed order every other round
-(A B, B A, ...), so drift of the machine weighs on every setting alike, and the statistics pool
-all rounds (throughput: all tokens over all wall time; per-round throughputs kept). With several
-settings, each is compared with the last one (e.g. `--k auto,0`: auto / 0) level by level.
+latency percentiles, aggregate throughput (completion tokens over the level's wall time), steady
+throughput and errors. Steady throughput (streaming only) counts the tokens received while every
+worker had a request in flight, after the start-up — from the moment the first `concurrency`
+requests all had their first token to the moment the first request ends after the last one was
+sent — over that time. A run of N requests starts with all its first prefills at once and ends
+with its last requests finishing alone, at lower concurrency; how long that tail lasts depends
+on how far the requests drifted apart, not on the server's speed at the tested concurrency.
+Token times come from the usage a chunk carries when the server sends one with every chunk
+(`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from counting chunks.
+Every request's record (times from its run's start) goes to `requests.jsonl` in the output
+folder, the level statistics to `load.json`. Settings of one level run back to back, so their
+numbers are side by side; with `rounds` > 1 each level runs its settings that many times, in
+reversed order every other round (A B, B A, ...), so drift of the machine weighs on every
+setting alike, and the statistics pool all rounds (throughput: all tokens over all wall time;
+per-round throughputs kept). With several settings, each is compared with the last one (e.g.
+`--k auto,0`: auto / 0) level by level.
 Talks HTTP only; it knows nothing of specwise's internals.
 """
 
@@ -218,6 +218,11 @@ def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) 
     }
 
 
+def _over(xs: list[float], ys: list[float]) -> list[float]:
+    """Round by round, x / y."""
+    return [x / y for x, y in zip(xs, ys, strict=True)]
+
+
 def _ratios(levels: list[dict]) -> list[dict]:
     """Each setting's throughput over the last setting's, level by level: pooled and by round."""
     out = []
@@ -225,18 +230,12 @@ def _ratios(levels: list[dict]) -> list[dict]:
         at = [lv for lv in levels if lv["concurrency"] == c]
         base = at[-1]
         for lv in at[:-1]:
-            by_round = [
-                a / b
-                for a, b in zip(lv["throughput_by_round"], base["throughput_by_round"], strict=True)
-            ]
+            by_round = _over(lv["throughput_by_round"], base["throughput_by_round"])
             pooled = lv["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
             steady = steady_by_round = None
             if lv["steady_tokens_per_s"] and base["steady_tokens_per_s"]:
                 steady = lv["steady_tokens_per_s"] / base["steady_tokens_per_s"]
-                steady_by_round = [
-                    a / b
-                    for a, b in zip(lv["steady_by_round"], base["steady_by_round"], strict=True)
-                ]
+                steady_by_round = _over(lv["steady_by_round"], base["steady_by_round"])
             out.append(
                 {
                     "concurrency": c,
