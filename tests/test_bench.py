@@ -10,7 +10,13 @@ import pytest
 from specwise.bench.report import against_hindsight, build
 from specwise.bench.runner import Options, Runner
 from specwise.bench.session import pick
-from specwise.bench.workloads import CATEGORIES, WorkloadError, builtin, load_jsonl
+from specwise.bench.workloads import (
+    CATEGORIES,
+    WorkloadError,
+    builtin,
+    interleaved,
+    load_jsonl,
+)
 from specwise.cli import main
 from toy import ToyLM
 
@@ -76,6 +82,12 @@ def test_shipped_workloads():
         assert sum(p.category == cat for p in prompts) >= 8
     assert len({p.id for p in prompts}) == len(prompts)
     assert [p.category for p in pick(prompts, 1)] == list(CATEGORIES)
+    mixed = interleaved(prompts)
+    assert sorted(p.id for p in mixed) == sorted(p.id for p in prompts)
+    assert [p.category for p in mixed[: len(CATEGORIES)]] == list(CATEGORIES)
+    assert [p.id for p in mixed if p.category == "math"] == [
+        p.id for p in prompts if p.category == "math"
+    ]
     with pytest.raises(WorkloadError, match="unknown categories nope"):
         builtin(["nope"])
 

@@ -333,6 +333,10 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     assert len(rows) == 2 * 2 * 2 * 2  # levels x settings x rounds x requests
     assert all(0 <= r["sent"] < r["first"] <= r["end"] and r["tokens"] > 0 for r in rows)
     assert all(r["progress"][-1] == [r["end"], r["tokens"]] for r in rows)
+    # each round sends the next prompts, the same ones for both settings
+    assert {(r["k"], r["round"], r["prompt"]) for r in rows if r["concurrency"] == 1} == {
+        (k, i, p) for k in ("auto", 0) for i, ps in ((1, (0, 1)), (2, (2, 3))) for p in ps
+    }
     out = capsys.readouterr().out
     ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
     assert [(q["concurrency"], q["k"], q["vs"], len(q["by_round"])) for q in ratios] == [

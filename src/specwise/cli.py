@@ -145,7 +145,7 @@ def _bench_load(a: argparse.Namespace) -> int:
 
     from specwise.bench.load import LoadOptions, run_load
     from specwise.bench.session import default_out
-    from specwise.bench.workloads import builtin, load_jsonl
+    from specwise.bench.workloads import builtin, interleaved, load_jsonl
 
     if a.requests < 1:
         raise UsageError(f"--requests {a.requests} is invalid; use an integer >= 1")
@@ -155,7 +155,7 @@ def _bench_load(a: argparse.Namespace) -> int:
         raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4,8")
     if not a.url.startswith(("http://", "https://")):
         raise UsageError(f"--url {a.url!r} is not an http(s) URL")
-    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    prompts = interleaved(load_jsonl(a.prompts) if a.prompts else builtin(a.categories))
     opts = LoadOptions(
         url=a.url,
         model=a.model,

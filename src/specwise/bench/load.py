@@ -17,7 +17,9 @@ folder, the level statistics to `load.json`. Settings of one level run back to b
 numbers are side by side; with `rounds` > 1 each level runs its settings that many times, in
 reversed order every other round (A B, B A, ...), so drift of the machine weighs on every
 setting alike, and the statistics pool all rounds (throughput: all tokens over all wall time;
-per-round throughputs kept). With several settings, each is compared with the last one (e.g.
+per-round throughputs kept). Each round sends the next N prompts of the list (wrapping round),
+the same ones for every setting of the round; the CLI lists the prompts a category at a time in
+turn, so that any N of them mix the categories. With several settings, each is compared with the last one (e.g.
 `--k auto,0`: auto / 0) level by level.
 Talks HTTP only; it knows nothing of specwise's internals.
 """
@@ -159,8 +161,11 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def _run(opts: LoadOptions, concurrency: int, k) -> tuple[list[dict[str, Any]], float]:
-    """One run of a level: (per-request results, wall seconds)."""
+def _run(
+    opts: LoadOptions, concurrency: int, k, first: int = 0
+) -> tuple[list[dict[str, Any]], float]:
+    """One run of a level, with the prompts from `first` on (wrapping round): (per-request
+    results, wall seconds)."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     base = opts.url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
@@ -171,7 +176,7 @@ def _run(opts: LoadOptions, concurrency: int, k) -> tuple[list[dict[str, Any]], 
         t0 = time.perf_counter()
         results = list(
             pool.map(
-                lambda i: _one(client, opts, opts.prompts[i % len(opts.prompts)], k),
+                lambda i: _one(client, opts, opts.prompts[(first + i) % len(opts.prompts)], k),
                 range(opts.requests),
             )
         )
@@ -306,10 +311,11 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
             for i in range(opts.rounds):
                 for k in opts.ks if i % 2 == 0 else opts.ks[::-1]:
                     bar.set_postfix_str(f"concurrency {c} k={k} round {i + 1}")
-                    results, wall = _run(opts, c, k)
+                    results, wall = _run(opts, c, k, first=i * opts.requests)
                     runs[(c, k)].append((results, wall))
                     for j, r in enumerate(results):
-                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j, **r}
+                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j}
+                        row |= {"prompt": (i * opts.requests + j) % len(opts.prompts), **r}
                         log.write(json.dumps(row, separators=(",", ":")) + "\n")
                     log.flush()
                     bar.update(1)

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["CATEGORIES", "Category", "Prompt", "WorkloadError", "builtin", "load_jsonl", "render"]
+__all__ = [
+    "CATEGORIES",
+    "Category",
+    "Prompt",
+    "WorkloadError",
+    "builtin",
+    "interleaved",
+    "load_jsonl",
+    "render",
+]
 
 
 class WorkloadError(ValueError):
@@ -114,6 +123,17 @@ def builtin(categories: Sequence[str] | None = None) -> list[Prompt]:
     for c in names:
         out.extend(load_jsonl(Path(str(folder / f"{c}.jsonl"))))
     return out
+
+
+def interleaved(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """The prompts taken one category at a time in turn (the first of each category, then the
+    second, ...), so that any run of them mixes the categories; `builtin` lists them category
+    by category."""
+    by: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by.setdefault(p.category, []).append(p)
+    rows = list(by.values())
+    return [r[i] for i in range(max(map(len, rows), default=0)) for r in rows if i < len(r)]
 
 
 def render(tokenizer, turns: Sequence[str], replies: Sequence[str] = ()) -> list[int]:
