@@ -502,7 +502,13 @@ def test_an_aligned_batch_decodes_exactly_as_plain_decoding():
         def passes(self, calls):
             return equal_passes(calls)
 
+        def forward(self, batch, last_only=False, rows=None):
+            out = super().forward(batch, last_only, rows)
+            self.asked.append(([len(t) for _, t in batch], rows))
+            return out
+
     lm = Split(vocab=12, seed=1)
+    lm.asked = []  # (tokens fed, logits rows asked for) by call
     drafters = [NgramDrafter()]
     model = CostModel(CostCurve(dict(SOLO)), {"ngram": 0.0}, 0.0, batched=dict(ALIGNED))
     ctl = Controller(drafters, model)
@@ -517,4 +523,11 @@ def test_an_aligned_batch_decodes_exactly_as_plain_decoding():
     assert any(rt.padded > 0 for rt in rounds)
     assert any(rt.proposed > 0 and rt.decision.startswith("aligned") for rt in rounds)
     assert all(rt.emitted <= rt.accepted + 1 for rt in rounds)
+    # filler is fed but its logits are not asked for
+    padded = [(fed, rows) for fed, rows in lm.asked if rows is not None]
+    assert padded and all(
+        len(set(fed)) == 1 and any(r < f for f, r in zip(fed, rows, strict=True))
+        for fed, rows in padded
+    )
+    assert all(rows is None for fed, rows in lm.asked if len(set(fed)) > 1)
     assert [eng.finish(r).tokens for r in reqs] == [plain_decode(lm, p, params) for p in prompts]

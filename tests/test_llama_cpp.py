@@ -58,6 +58,30 @@ def test_batched_equals_one_by_one_and_truncate_rolls_back(smollm2):
     smollm2.release(0)
 
 
+def test_rows_returns_the_first_logits_and_feeds_the_rest(smollm2):
+    ids = smollm2.tokenizer.encode(TEXT)[:12]
+    full = smollm2.forward([(0, ids[:6]), (1, ids[6:])])
+    smollm2.truncate(0, 0)
+    smollm2.truncate(1, 0)
+    part = smollm2.forward([(0, ids[:6]), (1, ids[6:])], rows=[2, 6])
+    assert [x.shape[0] for x in part] == [2, 6]
+    np.testing.assert_allclose(part[0], full[0][:2], atol=1e-3)
+    np.testing.assert_allclose(part[1], full[1], atol=1e-3)
+    assert smollm2.length(0) == 6  # the rows without logits were fed all the same
+    after = smollm2.forward([(0, ids[6:7])])[0]
+    smollm2.release(1)
+    whole = smollm2.forward([(1, ids[:7])], last_only=True)[0]
+    np.testing.assert_allclose(after, whole, atol=1e-3)
+    smollm2.release(1)
+    for bad in ([0, 1], [1], [1, 2]):
+        with pytest.raises(ValueError, match=r"logits rows|row counts"):
+            smollm2.forward([(0, [1]), (1, [2])], rows=bad)
+    with pytest.raises(ValueError, match="not both"):
+        smollm2.forward([(0, [1])], last_only=True, rows=[1])
+    assert smollm2.length(0) == 7 and smollm2.length(1) == 0  # refused calls fed nothing
+    smollm2.release(0)
+
+
 def test_sequences_are_isolated(smollm2):
     ids = smollm2.tokenizer.encode(TEXT)
     alone = smollm2.forward([(7, ids)], last_only=True)[0]

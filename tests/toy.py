@@ -60,7 +60,7 @@ class ToyLM:
         a = prefix[-2] if len(prefix) > 1 else 0
         return self.table[a, prefix[-1]]
 
-    def forward(self, batch, last_only=False):
+    def forward(self, batch, last_only=False, rows=None):
         self.calls += 1
         if any(self.delay_ms):
             n = sum(len(t) for _, t in batch)
@@ -69,12 +69,12 @@ class ToyLM:
         for seq, tokens in batch:
             cache = self.caches.setdefault(seq, [])
             assert len(cache) + len(tokens) <= self.context_length
-            rows = []
+            logits = []
             for t in tokens:
                 cache.append(int(t))
-                rows.append(self.next_logits(cache))
-            out.append(np.stack(rows[-1:] if last_only else rows))
-        return out
+                logits.append(self.next_logits(cache))
+            out.append(np.stack(logits[-1:] if last_only else logits))
+        return out if rows is None else [x[:n] for x, n in zip(out, rows, strict=True)]
 
     def passes(self, calls):
         return [(1, sum(n for _, n in calls))]  # its delay depends on the total tokens only

@@ -357,19 +357,22 @@ class Engine:
         t1 = time.perf_counter()
 
         # 2. Score: one target forward over the batch, [last emitted token] + draft each, and
-        # filler up to `width` tokens where the batch was aligned (never verified).
+        # filler up to `width` tokens where the batch was aligned (fed, never verified: its
+        # logits are not asked for).
         filler = [max(0, width - 1 - len(c[1].tokens)) for c in chosen]
         calls = [
             (r.seq, [r.context[-1], *c[1].tokens] + [r.context[-1]] * f)
             for r, c, f in zip(live, chosen, filler, strict=True)
         ]
-        logits = self.target.forward(calls)
+        logits = self.target.forward(
+            calls, rows=[1 + len(c[1].tokens) for c in chosen] if any(filler) else None
+        )
         t2 = time.perf_counter()
 
         # 3. Verify and 4. commit, request by request.
         verdicts: list[tuple[Verdict, int]] = []
         for r, (d, draft, _, _), lg in zip(live, chosen, logits, strict=True):
-            verdict = self._verify(r, draft, lg[: len(draft.tokens) + 1])  # [k+1, V]
+            verdict = self._verify(r, draft, lg)  # [k+1, V]
             self.target.truncate(r.seq, len(r.context) + verdict.accepted)
             if d is not None:
                 self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)

@@ -52,10 +52,16 @@ class LM(Protocol):
     info: BackendInfo
 
     def forward(
-        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+        self,
+        batch: Sequence[tuple[int, Sequence[int]]],
+        last_only: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> list[np.ndarray]:
         """One call, many sequences: append each (seq, tokens) to seq's cache and return its
-        logits [len(tokens), V] float32, or [1, V] (the last position) with last_only."""
+        logits [len(tokens), V] float32, or [1, V] (the last position) with last_only, or
+        [rows[i], V] (its first rows[i] positions, 1 <= rows[i] <= len(tokens)) for entry i
+        with rows: the positions after those are fed, and a backend that can skips their
+        logits (on llama.cpp the output layer runs only for rows asked for)."""
         ...
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -66,6 +72,24 @@ class LM(Protocol):
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
+
+
+def check_rows(
+    batch: Sequence[tuple[int, Sequence[int]]], rows: Sequence[int] | None, last_only: bool
+) -> None:
+    """Raise ValueError unless `rows` (for `LM.forward`) asks each entry for 1..len(tokens)."""
+    if rows is None:
+        return
+    if last_only:
+        raise ValueError("forward takes last_only or rows, not both")
+    if len(rows) != len(batch):
+        raise ValueError(f"forward got {len(rows)} row counts for {len(batch)} entries")
+    for (seq, tokens), n in zip(batch, rows, strict=True):
+        if not 1 <= n <= len(tokens):
+            raise ValueError(
+                f"forward asked for {n} logits rows of sequence {seq}, which brings "
+                f"{len(tokens)} tokens; ask for 1 .. {len(tokens)}"
+            )
 
 
 def check_append(seq: int, have: int, n: int, context_length: int) -> None:

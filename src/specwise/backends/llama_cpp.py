@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.backends.base import BackendInfo, check_append, check_truncate
+from specwise.backends.base import BackendInfo, check_append, check_rows, check_truncate
 
 __all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "equal_passes", "system_info"]
 
@@ -239,8 +239,12 @@ class LlamaCppLM:
         return slot
 
     def forward(
-        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+        self,
+        batch: Sequence[tuple[int, Sequence[int]]],
+        last_only: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> list[np.ndarray]:
+        check_rows(batch, rows, last_only)
         lib, b = self._lib, self._batch
         plan = []  # (slot, first position, tokens) per entry
         for seq, tokens in batch:
@@ -248,7 +252,7 @@ class LlamaCppLM:
             check_append(seq, have, len(tokens), self.context_length)
             plan.append((self._slot(seq), have, tokens))
         order = sorted(range(len(plan)), key=lambda e: plan[e][0])  # by slot: see `passes`
-        rows: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
+        blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         outputs: list[int] = []  # entry of each logits row of the pending call
         fill = 0
 
@@ -270,7 +274,7 @@ class LlamaCppLM:
                     e, k = outputs[j], j
                     while k < len(outputs) and outputs[k] == e:
                         k += 1
-                    rows[e].append(got[j:k])
+                    blocks[e].append(got[j:k])
                     j = k
             outputs.clear()
             fill = 0
@@ -279,10 +283,11 @@ class LlamaCppLM:
             for e in order:
                 slot, start, tokens = plan[e]
                 last = len(tokens) - 1
+                kept = len(tokens) if rows is None else rows[e]
                 for i, t in enumerate(tokens):
                     if fill == self.n_batch:
                         decode()
-                    want = i == last or not last_only
+                    want = i == last if last_only else i < kept
                     b.token[fill] = t
                     b.pos[fill] = start + i
                     b.n_seq_id[fill] = 1
@@ -300,7 +305,7 @@ class LlamaCppLM:
             raise
         for seq, tokens in batch:
             self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
-        return [r[0] if len(r) == 1 else np.concatenate(r) for r in rows]
+        return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         free = iter(sorted(self._free))  # a new sequence would take the lowest free slot

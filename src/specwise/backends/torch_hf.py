@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from specwise.backends.base import BackendInfo, check_append, check_truncate, eos_ids
+from specwise.backends.base import (
+    BackendInfo,
+    check_append,
+    check_rows,
+    check_truncate,
+    eos_ids,
+)
 
 __all__ = ["HFTokenizer", "TorchLM"]
 
@@ -128,12 +134,18 @@ class TorchLM:
 
     # -- LM protocol -------------------------------------------------------------------------
     def forward(
-        self, batch: Sequence[tuple[int, Sequence[int]]], last_only: bool = False
+        self,
+        batch: Sequence[tuple[int, Sequence[int]]],
+        last_only: bool = False,
+        rows: Sequence[int] | None = None,
     ) -> list[np.ndarray]:
+        check_rows(batch, rows, last_only)
         out: list[np.ndarray] = []
         before = {seq: self._lengths.get(seq, 0) for seq, _ in batch}
         try:
             self._forward_each(batch, last_only, out)
+            if rows is not None:  # computed anyway: the model is called a sequence at a time
+                out = [x[:n] for x, n in zip(out, rows, strict=True)]
         except BaseException:  # all or nothing: undo the sequences already fed
             for seq, n in before.items():
                 if self._lengths.get(seq, 0) > n:
