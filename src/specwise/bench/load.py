@@ -19,8 +19,8 @@ reversed order every other round (A B, B A, ...), so drift of the machine weighs
 setting alike, and the statistics pool all rounds (throughput: all tokens over all wall time;
 per-round throughputs kept). Each round sends the next N prompts of the list (wrapping round),
 the same ones for every setting of the round; the CLI lists the prompts a category at a time in
-turn, so that any N of them mix the categories. With several settings, each is compared with the last one (e.g.
-`--k auto,0`: auto / 0) level by level.
+turn, so that any N of them mix the categories. With several settings, each is compared with
+the last one (e.g. `--k auto,0`: auto / 0) level by level.
 Talks HTTP only; it knows nothing of specwise's internals.
 """
 
@@ -173,15 +173,12 @@ def _run(
         httpx.Client(base_url=base, headers=headers, timeout=opts.timeout_s) as client,
         ThreadPoolExecutor(concurrency) as pool,
     ):
+        picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
         t0 = time.perf_counter()
-        results = list(
-            pool.map(
-                lambda i: _one(client, opts, opts.prompts[(first + i) % len(opts.prompts)], k),
-                range(opts.requests),
-            )
-        )
+        results = list(pool.map(lambda p: _one(client, opts, opts.prompts[p], k), picks))
         wall = time.perf_counter() - t0
-    for r in results:  # times from the run's start
+    for p, r in zip(picks, results, strict=True):  # which prompt; times from the run's start
+        r["prompt"] = p
         for key in ("sent", "first", "end"):
             if r.get(key) is not None:
                 r[key] -= t0
@@ -314,8 +311,7 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
                     results, wall = _run(opts, c, k, first=i * opts.requests)
                     runs[(c, k)].append((results, wall))
                     for j, r in enumerate(results):
-                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j}
-                        row |= {"prompt": (i * opts.requests + j) % len(opts.prompts), **r}
+                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j, **r}
                         log.write(json.dumps(row, separators=(",", ":")) + "\n")
                     log.flush()
                     bar.update(1)
