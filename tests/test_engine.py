@@ -190,6 +190,21 @@ def test_stop_string_inside_a_draft():
     assert res.tokens == cont[: cut + len(stop)]
 
 
+def test_torch_rows_returns_the_first_logits_and_feeds_the_rest():
+    lm = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0))
+    full = lm.forward([(0, PROMPT[:6]), (1, PROMPT[6:])])
+    lm.truncate(0, 0)
+    lm.truncate(1, 0)
+    part = lm.forward([(0, PROMPT[:6]), (1, PROMPT[6:])], rows=[2, 4])
+    assert [x.shape[0] for x in part] == [2, 4] and lm.length(0) == 6
+    np.testing.assert_allclose(part[0], full[0][:2], atol=1e-5)
+    np.testing.assert_allclose(part[1], full[1], atol=1e-5)
+    for bad in ([0, 1], [1], [1, 5]):
+        with pytest.raises(ValueError, match=r"logits rows|row counts"):
+            lm.forward([(0, [1]), (1, [2])], rows=bad)
+    assert lm.length(0) == 6 and lm.length(1) == 4  # refused calls fed nothing
+
+
 def test_prompt_errors(target):
     eng = Engine(target, NgramDrafter(), k=2)
     with pytest.raises(ValueError, match="context holds 128"):
