@@ -15,6 +15,8 @@ from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
 from specwise.controller import (
     MARGIN,
+    PLAN_GAP_MAX,
+    PLAN_PATIENCE,
     PROBE_FIRST,
     PROBE_MAX,
     Batch,
@@ -530,4 +532,81 @@ def test_an_aligned_batch_decodes_exactly_as_plain_decoding():
         for fed, rows in padded
     )
     assert all(rows is None for fed, rows in lm.asked if len(set(fed)) > 1)
+    assert [eng.finish(r).tokens for r in reqs] == [plain_decode(lm, p, params) for p in prompts]
+
+
+def test_planning_backs_off_in_batches_where_no_draft_paid():
+    ctl = Controller([Named("ngram", True)], shared_costs())
+    ctl.bind(LlamaLike())
+    four, two = [(i, 1) for i in range(4)], [(0, 1), (1, 1)]
+    plain4 = ctl.costs.call_ms(equal_passes(four))
+
+    def run(steps, drafted=None):
+        """Which of `steps` steps of 4 are planned; each planned one plain, or drafted as
+        (tokens fed each, tokens out, target call ms)."""
+        out = []
+        for _ in range(steps):
+            skip = ctl.unplanned(four)
+            out.append(skip is None)
+            if skip is None:
+                n, tokens, ms = drafted or (1, 4, plain4)
+                ctl.planned([(q, n) for q, _ in four], tokens, 0.5, ms)
+            else:
+                assert skip.drafter is None and skip.k_max == 0 and "no draft paid" in skip.reason
+                assert skip.plain_goodput == pytest.approx(4 / plain4)
+        return out
+
+    assert all(run(PLAN_PATIENCE))
+    gaps, last = [], -1
+    for i, planned in enumerate(run(40 * PLAN_GAP_MAX)):
+        if planned:
+            gaps.append(i - last)
+            last = i
+    assert gaps[:2] == [2, 4] and set(gaps[2:]) == {PLAN_GAP_MAX}
+    assert all(ctl.unplanned(two) is None for _ in range(3 * PLAN_PATIENCE))  # by batch size
+    assert ctl.unplanned([(0, 1)]) is None
+    ctl.planned([(0, 5)], 1, 0.5, 1e6)  # alone, nothing is learnt: requests alone always plan
+    while ctl.unplanned(four) is not None:
+        pass
+    run(1, drafted=(2, 5, 1.5 * plain4))  # drafted, and the 1 token it won cost more than it
+    assert not all(run(2 * PLAN_GAP_MAX))  # ... so planning stays backed off
+    while ctl.unplanned(four) is not None:
+        pass
+    run(1, drafted=(2, 7, 1.5 * plain4))  # 7 tokens for 1.5 plain steps: paid
+    assert all(run(PLAN_PATIENCE))  # every step planned again
+
+
+@pytest.mark.parametrize("shared", ["dear", "aligned"])
+def test_planning_backs_off_where_it_does_not_pay_and_the_output_stays_exact(shared):
+    class Split(ToyLM):
+        def passes(self, calls):
+            return equal_passes(calls)
+
+    class Counting(NgramDrafter):
+        def propose(self, *a, **kw):
+            self.calls += 1
+            return super().propose(*a, **kw)
+
+    lm = Split(vocab=12, seed=1, context_length=512)
+    ngram = Counting()
+    ngram.calls = 0
+    batched = ALIGNED if shared == "aligned" else {(2, n): 120.0 * n for n in range(1, 17)}
+    model = CostModel(CostCurve(dict(SOLO)), {"ngram": 0.0}, 0.0, batched=dict(batched))
+    ctl = Controller([ngram], model)
+    ctl.set_prior("ngram", [0.9] * 8)
+    eng = Engine(lm, [ngram], k="auto", controller=ctl)
+    params = SamplingParams(max_tokens=3 * PLAN_PATIENCE)
+    warm = SamplingParams(max_tokens=30)  # prompts that already hold their greedy cycles
+    prompts = [[*p, *plain_decode(lm, p, warm)] for p in ([1, 2, 3], [4, 5, 6, 7])]
+    reqs = [eng.start(p, params) for p in prompts]
+    while not all(r.done for r in reqs):
+        eng.step(reqs)
+    rounds = [rt for rt in reqs[0].rounds if rt.batch_size == 2]
+    unplanned = [rt for rt in rounds if rt.decision.startswith("plain: in batches of 2")]
+    if shared == "dear":  # a draft never pays: after the patience, most steps are not planned
+        assert not any(rt.proposed for rt in rounds)
+        assert len(unplanned) > len(rounds) // 2
+        assert ngram.calls < 2 * len(rounds) - len(unplanned)  # not asked in those steps
+    else:  # drafts pay all along: every step is planned
+        assert sum(rt.proposed > 0 for rt in rounds) > 10 and not unplanned
     assert [eng.finish(r).tokens for r in reqs] == [plain_decode(lm, p, params) for p in prompts]

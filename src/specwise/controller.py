@@ -41,6 +41,11 @@ Where a_i comes from:
 
 Estimates are noisy, so speculation must beat plain decoding by MARGIN to be chosen.
 
+Planning has a cost of its own (the cheap drafters' proposals, the plans, the alignment), and
+in a batch where nothing can pay it is the controller's whole cost. So at a batch size where no
+draft has paid for PLAN_PATIENCE planned steps, planning backs off to every few steps
+(`planned`, `unplanned`); the first draft that pays brings it back to every step.
+
 Cheap drafters (n-gram) propose before the decision, and the controller takes the best prefix.
 A model drafter that has fallen behind the context (it is prefilled only once chosen) must
 first catch up; that one-time cost is spread over the tokens the request has left, so it is
@@ -83,6 +88,8 @@ BINS = 10  # confidence calibration bins over [0, 1]
 CAL_WINDOW = 200  # outcomes a calibration bin remembers (older ones fade)
 UCB_Z = 1.645  # width of the optimistic estimate that decides what is worth probing
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
+PLAN_PATIENCE = 100  # planned steps of a batch size without a draft that paid, before backing off
+PLAN_GAP_MAX = 8  # the most steps between planned ones where planning backs off
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,16 @@ class _DrafterState:
         return a[:n]
 
 
+@dataclass
+class _Planning:
+    """Whether planning pays in batches of one size: planned steps since a draft last paid,
+    and the gap between planned steps."""
+
+    since: int = 0
+    gap: int = 1
+    wait: int = 0  # steps left before the next planned one
+
+
 def _one_pass(calls: Sequence[tuple[int, int]]) -> list[Pass]:
     return [(1, sum(n for _, n in calls))]
 
@@ -248,6 +265,7 @@ class Controller:
         self._state = {d.name: _DrafterState() for d in self.drafters}
         self._memory: Path | None = None
         self._passes: Callable[[tuple[tuple[int, int], ...]], Sequence[Pass]] = _one_pass
+        self._planning: dict[int, _Planning] = {}  # by batch size
 
     def bind(self, target: LM) -> None:
         """Price target calls the way `target` runs them (until bound: one pass of all tokens).
@@ -326,6 +344,43 @@ class Controller:
             stop = self._stopper(best.drafter.name, rid, best.expected_goodput, best.k_max, batch)
             best = replace(best, keep_going=stop)
         return best
+
+    def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
+        """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise
+        planning backs off at this batch size (`planned`), and this is the plan of every request
+        in the step: plain decoding, with no drafter asked and nothing planned."""
+        p = self._planning.get(len(calls))
+        if p is None or not p.wait:
+            return None
+        p.wait -= 1
+        g = len(calls) / self._step_ms(tuple(calls), 0.0)
+        reason = (
+            f"plain: in batches of {len(calls)}, no draft paid in the last {p.since} planned "
+            f"steps; planning every {p.gap}"
+        )
+        return Plan(None, 0, 0, g, g, reason=reason)
+
+    def planned(
+        self, calls: Sequence[tuple[int, int]], tokens: int, planning_ms: float, verify_ms: float
+    ) -> None:
+        """Learn from a planned step of a batch whether planning pays at its size. calls: (seq,
+        tokens fed) of each sequence; tokens: how many verification gave out. A step paid when
+        it drafted and the plain steps its tokens would have taken (as the cost model prices
+        them) cost more than its planning and target call. After PLAN_PATIENCE planned steps
+        in a row with none that paid, only every gap-th step is planned, the gap doubling up to
+        PLAN_GAP_MAX; a step that pays plans every step again. In batches, planning is the
+        controller's whole cost where nothing can pay: measured in the server, 0.43 ms a step
+        of 4 (0.3% of it), in which `auto` never drafted (BENCHMARKS.md §4)."""
+        if len(calls) < 2:
+            return
+        p = self._planning.setdefault(len(calls), _Planning())
+        paid = False
+        if any(n > 1 for _, n in calls):
+            plain = self.costs.call_ms(self._passes(tuple((q, 1) for q, _ in calls)))
+            paid = tokens * plain / len(calls) > planning_ms + verify_ms
+        p.since = 0 if paid else p.since + 1
+        p.gap = 1 if p.since < PLAN_PATIENCE else min(2 * p.gap, PLAN_GAP_MAX)
+        p.wait = p.gap - 1
 
     def _acceptances(
         self, name: str, rid: str, n: int, offer: Sequence[float | None] | None

@@ -278,6 +278,9 @@ class Engine:
         elif k > 0 and not self.drafters:
             raise ValueError("speculative.k > 0 needs a drafter, and this engine has none")
 
+    def _auto(self, r: Request) -> bool:
+        return (self.k if r.k is None else r.k) == "auto"
+
     def _allowed(self, r: Request) -> list[Drafter]:
         return [d for d in self.drafters if r.only is None or d.name == r.only]
 
@@ -291,7 +294,7 @@ class Engine:
         none = Draft([], None)
         k_req = self.k if r.k is None else r.k
         allowed = self._allowed(r)
-        if k_req != "auto":
+        if not self._auto(r):
             d = allowed[0] if allowed else None
             k = min(int(k_req), room)
             if d is None or k <= 0:
@@ -334,17 +337,23 @@ class Engine:
             return
         t0 = time.perf_counter()
 
-        # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts.
+        # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts. In a
+        # batch of auto requests the controller may find planning not worth it this step
+        # (`Controller.unplanned`): then every request decodes plainly, no drafter asked.
         chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
         offered: list[dict[str, Draft]] = []
         counts = {r.seq: 1 for r in live}  # tokens each puts in the call: plain, to start
         expected, draft_ms = float(len(live)), 0.0  # tokens expected, drafting time so far
+        gated = self.controller is not None and len(live) > 1 and all(map(self._auto, live))
+        unplanned = self.controller.unplanned(tuple(counts.items())) if gated else None
         for r in live:
             r.lag = 0
             others = tuple((q, n) for q, n in counts.items() if q != r.seq)
             t = time.perf_counter()
-            d, draft, plan, offers = self._propose(
-                r, Batch(others, expected - 1.0, draft_ms, r.seq)
+            d, draft, plan, offers = (
+                self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
+                if unplanned is None
+                else (None, Draft([], None), unplanned, {})
             )
             draft = draft.prefix(self._room(r))  # a drafter must not overshoot
             ms = (time.perf_counter() - t) * _ms
@@ -353,7 +362,7 @@ class Engine:
             counts[r.seq] = 1 + len(draft.tokens)
             expected += (plan.expected_tokens if plan is not None and draft.tokens else 1.0) - 1.0
             draft_ms += ms
-        width = self._align(live, chosen, offered, counts, draft_ms)
+        width = 0 if unplanned is not None else self._align(live, chosen, offered, counts, draft_ms)
         t1 = time.perf_counter()
 
         # 2. Score: one target forward over the batch, [last emitted token] + draft each, and
@@ -385,6 +394,10 @@ class Engine:
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         overhead_ms = (t3 - t2) * _ms
         if self.controller is not None:
+            if gated and unplanned is None:
+                tokens = sum(len(v.tokens) for v, _ in verdicts)
+                fed = [(q, len(t)) for q, t in calls]
+                self.controller.planned(fed, tokens, draft_ms, verify_ms)
             costs = self.controller.costs
             costs.observe_verify(self.target.passes([(q, len(t)) for q, t in calls]), verify_ms)
             costs.observe_overhead(overhead_ms)
