@@ -294,7 +294,7 @@ class Engine:
         none = Draft([], None)
         k_req = self.k if r.k is None else r.k
         allowed = self._allowed(r)
-        if not self._auto(r):
+        if k_req != "auto":
             d = allowed[0] if allowed else None
             k = min(int(k_req), room)
             if d is None or k <= 0:
@@ -394,12 +394,12 @@ class Engine:
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         overhead_ms = (t3 - t2) * _ms
         if self.controller is not None:
+            fed = [(q, len(t)) for q, t in calls]
             if gated and unplanned is None:
                 tokens = sum(len(v.tokens) for v, _ in verdicts)
-                fed = [(q, len(t)) for q, t in calls]
                 self.controller.planned(fed, tokens, draft_ms, verify_ms)
             costs = self.controller.costs
-            costs.observe_verify(self.target.passes([(q, len(t)) for q, t in calls]), verify_ms)
+            costs.observe_verify(self.target.passes(fed), verify_ms)
             costs.observe_overhead(overhead_ms)
             for r, (d, draft, _, ms) in zip(live, chosen, strict=True):
                 if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round
