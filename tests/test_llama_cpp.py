@@ -1,4 +1,5 @@
-"""The llama.cpp backend on a real GGUF model (SmolLM2-135M Q4_1)."""
+"""The GGUF backends (mainline llama.cpp and ik_llama.cpp: the same LM contract) on a real model
+(SmolLM2-135M Q4_1); the tests that name LlamaCppLM are about mainline's own build and slots."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import needs_batches
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.drafters import ModelDrafter, NgramDrafter
@@ -34,69 +36,77 @@ def test_multi_token_forward_does_not_crash(smollm2_path):
     )
 
 
-def test_tokenizer_round_trip_and_chat_template(smollm2):
-    tok = smollm2.tokenizer
+def test_tokenizer_round_trip_and_chat_template(gguf):
+    tok = gguf.tokenizer
     ids = tok.encode(TEXT, add_special=False)
     assert tok.decode(ids) == TEXT
-    chat = tok.render_chat([{"role": "user", "content": "hi"}])
-    assert tok.decode(chat).rstrip().endswith("assistant")
-    assert tok.eos_token_ids and max(tok.eos_token_ids) < smollm2.vocab_size
-    assert smollm2.info.backend == "llama_cpp" and smollm2.threads >= 1
+    if tok.chat_template:  # Gemma 3 270M (base) has none
+        chat = tok.render_chat([{"role": "user", "content": "hi"}])
+        assert tok.decode(chat).rstrip().endswith(("assistant", "model"))
+    else:
+        with pytest.raises(ValueError, match="no chat template"):
+            tok.render_chat([{"role": "user", "content": "hi"}])
+    assert tok.eos_token_ids and max(tok.eos_token_ids) < gguf.vocab_size
+    assert gguf.info.backend == gguf.backend and gguf.threads >= 1
 
 
-def test_batched_equals_one_by_one_and_truncate_rolls_back(smollm2):
-    ids = smollm2.tokenizer.encode(TEXT)
-    full = smollm2.forward([(0, ids)])[0]  # [n, V]
-    assert full.shape == (len(ids), smollm2.vocab_size) and full.dtype == np.float32
-    smollm2.truncate(0, 5)
-    again = smollm2.forward([(0, ids[5:])])[0]
+def test_batched_equals_one_by_one_and_truncate_rolls_back(gguf):
+    ids = gguf.tokenizer.encode(TEXT)
+    full = gguf.forward([(0, ids)])[0]  # [n, V]
+    assert full.shape == (len(ids), gguf.vocab_size) and full.dtype == np.float32
+    gguf.truncate(0, 5)
+    again = gguf.forward([(0, ids[5:])])[0]
     np.testing.assert_allclose(again, full[5:], atol=1e-3)
-    smollm2.release(0)
-    one = np.stack([smollm2.forward([(0, [t])])[0][0] for t in ids])
+    gguf.release(0)
+    one = np.stack([gguf.forward([(0, [t])])[0][0] for t in ids])
     assert (one.argmax(-1) == full.argmax(-1)).mean() >= 0.95
-    np.testing.assert_allclose(one, full, atol=0.5)
-    smollm2.release(0)
+    corr = [float(np.corrcoef(a, b)[0, 1]) for a, b in zip(one, full, strict=True)]
+    assert min(corr) > 0.99, corr  # rounding, not another computation
+    gguf.release(0)
 
 
-def test_rows_returns_the_first_logits_and_feeds_the_rest(smollm2):
-    ids = smollm2.tokenizer.encode(TEXT)[:12]
-    full = smollm2.forward([(0, ids[:6]), (1, ids[6:])])
-    smollm2.truncate(0, 0)
-    smollm2.truncate(1, 0)
-    part = smollm2.forward([(0, ids[:6]), (1, ids[6:])], rows=[2, 6])
+def test_rows_returns_the_first_logits_and_feeds_the_rest(gguf):
+    needs_batches(gguf)
+    ids = gguf.tokenizer.encode(TEXT)[:12]
+    full = gguf.forward([(0, ids[:6]), (1, ids[6:])])
+    gguf.truncate(0, 0)
+    gguf.truncate(1, 0)
+    part = gguf.forward([(0, ids[:6]), (1, ids[6:])], rows=[2, 6])
     assert [x.shape[0] for x in part] == [2, 6]
     np.testing.assert_allclose(part[0], full[0][:2], atol=1e-3)
     np.testing.assert_allclose(part[1], full[1], atol=1e-3)
-    assert smollm2.length(0) == 6  # the rows without logits were fed all the same
-    after = smollm2.forward([(0, ids[6:7])])[0]
-    smollm2.release(1)
-    whole = smollm2.forward([(1, ids[:7])], last_only=True)[0]
+    assert gguf.length(0) == 6  # the rows without logits were fed all the same
+    after = gguf.forward([(0, ids[6:7])])[0]
+    gguf.release(1)
+    gguf.forward([(1, ids[:6])], last_only=True)  # the same calls, every row's logits
+    whole = gguf.forward([(1, ids[6:7])])[0]
     np.testing.assert_allclose(after, whole, atol=1e-3)
-    smollm2.release(1)
+    gguf.release(1)
     for bad in ([0, 1], [1], [1, 2]):
         with pytest.raises(ValueError, match=r"logits rows|row counts"):
-            smollm2.forward([(0, [1]), (1, [2])], rows=bad)
+            gguf.forward([(0, [1]), (1, [2])], rows=bad)
     with pytest.raises(ValueError, match="not both"):
-        smollm2.forward([(0, [1])], last_only=True, rows=[1])
-    assert smollm2.length(0) == 7 and smollm2.length(1) == 0  # refused calls fed nothing
-    smollm2.release(0)
+        gguf.forward([(0, [1])], last_only=True, rows=[1])
+    assert gguf.length(0) == 7 and gguf.length(1) == 0  # refused calls fed nothing
+    gguf.release(0)
 
 
-def test_sequences_are_isolated(smollm2):
-    ids = smollm2.tokenizer.encode(TEXT)
-    alone = smollm2.forward([(7, ids)], last_only=True)[0]
-    smollm2.release(7)
+def test_sequences_are_isolated(gguf):
+    needs_batches(gguf)
+    ids = gguf.tokenizer.encode(TEXT)
+    alone = gguf.forward([(7, ids)], last_only=True)[0]
+    gguf.release(7)
     other = list(reversed(ids))
-    both = smollm2.forward([(8, other), (7, ids)], last_only=True)
+    both = gguf.forward([(8, other), (7, ids)], last_only=True)
     np.testing.assert_allclose(both[1], alone, atol=1e-3)
-    assert both[0].shape == (1, smollm2.vocab_size)
+    assert both[0].shape == (1, gguf.vocab_size)
     # grow sequence 8 further; 7 must not see it
-    smollm2.forward([(8, ids)])
-    smollm2.truncate(7, len(ids) - 1)
-    again = smollm2.forward([(7, ids[-1:])])[0]
+    gguf.forward([(8, ids)])
+    gguf.truncate(7, len(ids) - 1)
+    again = gguf.forward([(7, ids[-1:])])[0]
     np.testing.assert_allclose(again, alone, atol=1e-3)
-    smollm2.release(7)
-    smollm2.release(8)
+    gguf.release(7)
+    gguf.release(8)
 
 
 def test_a_release_moves_the_highest_sequence_down_with_its_cache(smollm2_path):
@@ -116,18 +126,18 @@ def test_a_release_moves_the_highest_sequence_down_with_its_cache(smollm2_path):
     lm.close()
 
 
-def test_long_prompt_is_split_over_calls(smollm2_path):
-    lm = LlamaCppLM(smollm2_path, context_length=256, n_batch=32)
+def test_long_prompt_is_split_over_calls(gguf_cls, gguf_path):
+    lm = gguf_cls(gguf_path, context_length=256, n_batch=32)
     ids = (lm.tokenizer.encode(TEXT) * 5)[:100]
     chunked = lm.forward([(0, ids)])[0]
     assert chunked.shape[0] == 100
     lm.release(0)
-    whole = LlamaCppLM(smollm2_path, context_length=256).forward([(0, ids)])[0]
+    whole = gguf_cls(gguf_path, context_length=256).forward([(0, ids)])[0]
     assert (chunked.argmax(-1) == whole.argmax(-1)).mean() >= 0.95
 
 
-def test_context_and_slot_errors(smollm2_path):
-    lm = LlamaCppLM(smollm2_path, context_length=64, max_sequences=1)
+def test_context_and_slot_errors(gguf_cls, gguf_path):
+    lm = gguf_cls(gguf_path, context_length=64, max_sequences=1)
     with pytest.raises(ValueError, match="context holds 64"):
         lm.forward([(0, [1] * 65)])
     lm.forward([(0, [1, 2])])
@@ -139,34 +149,33 @@ def test_context_and_slot_errors(smollm2_path):
 
 @pytest.mark.parametrize("drafter", ["ngram", "self"])
 @pytest.mark.parametrize("k", [2, 4])
-def test_greedy_speculative_equals_plain(smollm2, smollm2_path, drafter, k):
-    prompt = smollm2.tokenizer.render_chat(
-        [{"role": "user", "content": "List the numbers from 1 to 20, comma separated."}]
-    )
+def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, drafter, k):
+    prompt = gguf.tokenizer.encode("The numbers from 1 to 30: 1, 2, 3, 4,")
     params = SamplingParams(max_tokens=48)
-    want = plain_decode(smollm2, prompt, params)
+    want = plain_decode(gguf, prompt, params)
+    assert len(want) >= 30  # a real answer, not an early end that every drafter would match
     if drafter == "ngram":
         d = NgramDrafter()
     else:  # the same weights in a second instance: a drafter keeps its own caches
-        d = ModelDrafter(LlamaCppLM(smollm2_path, context_length=512))
-    got = Engine(smollm2, d, k=k).generate(prompt, params)
-    # llama.cpp may round a k+1-token forward differently from single-token ones; here (Q4_1,
-    # SmolLM2) the two agree, so the outputs must be identical.
+        d = ModelDrafter(gguf_cls(gguf_path, context_length=512, max_sequences=1))
+    got = Engine(gguf, d, k=k).generate(prompt, params)
+    # llama.cpp may round a k+1-token forward differently from single-token ones; here (SmolLM2
+    # on mainline, Gemma 3 on ik_llama) the two agree, so the outputs must be identical.
     assert got.tokens == want
 
 
-def test_bad_files_get_one_clear_error(tmp_path, smollm2_path):
+def test_bad_files_get_one_clear_error(gguf_cls, tmp_path, gguf_path):
     missing = tmp_path / "nope.gguf"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        LlamaCppLM(missing)
+        gguf_cls(missing)
     notgguf = tmp_path / "x.gguf"
     notgguf.write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(ValueError, match="not a GGUF file"):
-        LlamaCppLM(notgguf)
+        gguf_cls(notgguf)
     truncated = tmp_path / "t.gguf"
-    truncated.write_bytes(smollm2_path.read_bytes()[:20_000_000])
+    truncated.write_bytes(gguf_path.read_bytes()[:20_000_000])
     with pytest.raises(ValueError, match="could not load"):
-        LlamaCppLM(truncated)
+        gguf_cls(truncated)
 
 
 def test_agrees_with_the_torch_backend_on_the_same_file(smollm2, smollm2_path):

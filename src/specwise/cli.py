@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from specwise.backends import BACKENDS
 from specwise.sampling import SamplingParams
 
 __all__ = ["main"]
@@ -52,7 +53,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--drafter",
         help="drafters, comma separated (model, ngram); default: ngram, plus model with --draft",
     )
-    p.add_argument("--backend", choices=["torch", "llama_cpp"], help="default: by model kind")
+    p.add_argument(
+        "--backend",
+        choices=["auto", *BACKENDS],
+        default="auto",
+        help="auto (default): torch for a HF folder; for GGUF the llama.cpp library measured "
+        "fastest on this machine (ik_llama or llama_cpp)",
+    )
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: cores)")
 
 
@@ -97,9 +104,10 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     return names
 
 
-def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 4):
-    """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair)."""
-    from specwise.backends import load
+def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 1):
+    """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair).
+    max_sequences: sequences decoded at once (1 for a command that runs one request at a time)."""
+    from specwise.backends import load_pair
     from specwise.models import DEFAULT_PAIR
 
     if not a.target and not a.pair:
@@ -107,13 +115,11 @@ def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 4
     _apply_pair(a)
     if not a.target:
         raise UsageError("--target is required (a catalog name, a .gguf file or a HF folder)")
-    kw = {"backend": a.backend, "threads": a.threads, "max_sequences": max_sequences}
-    target = load(a.target, **kw)
-    draft = load(a.draft, **kw) if need_draft and a.draft else None
-    return target, draft
+    draft = a.draft if need_draft else None
+    return load_pair(a.target, draft, a.backend, a.threads, max_sequences)
 
 
-def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 4):
+def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     from specwise.drafters import make_drafter
     from specwise.engine import Engine
 
@@ -183,7 +189,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.bench_command == "report":
         from specwise.bench.session import rebuild
 
-        rebuild(Path(a.folder))
+        rebuild(Path(a.folder), json_line=a.json)
         return 0
     if a.bench_command == "batch":
         from specwise.bench.backend import run_batch_bench
@@ -241,7 +247,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "draft": draft.info.model if draft else None,
         "backend": target.info.backend,
     }
-    run_bench(target, draft, prompts, options, out, info)
+    baseline = None
+    if target.info.backend == "ik_llama" and not a.no_baseline:
+        from specwise.backends import load_pair
+
+        baseline, _ = load_pair(target.info.model, None, "llama_cpp", a.threads, 1)
+    run_bench(target, draft, prompts, options, out, info, json_line=a.json, baseline=baseline)
     return 0
 
 
@@ -482,6 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", help="output folder (default bench-results/<timestamp>)")
+    b.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")
+    b.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="on ik_llama, leave out plain decoding on mainline llama.cpp (run by default)",
+    )
     b.add_argument(
         "--quick",
         action="store_true",
@@ -506,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="rebuild report.md, summary.json and plots from a run's JSONL files"
     )
     br.add_argument("folder", help="the run's --out folder")
+    br.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")
     bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
     bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     bl.add_argument("--model", help="model name to send (default: none, the server's)")

@@ -107,7 +107,7 @@ def measure_curve(
     return CostCurve({n: float(np.median(v)) for n, v in samples.items()})
 
 
-def _machine() -> str:
+def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -122,7 +122,7 @@ def _machine() -> str:
 def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
     """Identifies a measurement: machine, target weights, backend, threads, drafters."""
     info = target.info
-    parts = [_machine(), f"{info.backend}:{info.fingerprint}:{info.threads}"]
+    parts = [machine(), f"{info.backend}:{info.fingerprint}:{info.threads}"]
     parts += sorted(d.fingerprint for d in drafters)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 

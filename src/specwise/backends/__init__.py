@@ -1,16 +1,77 @@
 """Model backends, one file each, all behind the `LM` protocol of `base`, and `load`, which picks
-the backend for a model: a .gguf file (or catalog name) runs on llama.cpp, a Hugging Face folder
-on torch, unless `backend` says otherwise. Backend modules are imported only when used."""
+the backend for a model: a Hugging Face folder runs on torch; a .gguf file (or catalog name) on
+the llama.cpp library `specwise.backend_choice` measured fastest on this machine (`auto`), unless
+`backend` names one. Backend modules are imported only when used."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from specwise.backends.base import LM
 
-__all__ = ["BACKENDS", "load"]
+__all__ = ["BACKENDS", "GGUF_BACKENDS", "load", "load_pair", "resolve_model"]
 
-BACKENDS = ("torch", "llama_cpp")
+GGUF_BACKENDS = ("llama_cpp", "ik_llama")
+BACKENDS = ("torch", *GGUF_BACKENDS)
+
+
+def resolve_model(model: str | Path) -> Path:
+    """A path for `model`: a path that exists, or a catalog name (pulled if missing)."""
+    path = Path(model)
+    if not path.exists():
+        if "/" in str(model) or path.suffix == ".gguf":
+            raise FileNotFoundError(f"model path {str(model)!r} does not exist")
+        from specwise.models import resolve
+
+        path = resolve(str(model))
+    return path
+
+
+def load_pair(
+    target: str | Path,
+    draft: str | Path | None = None,
+    backend: str | None = None,
+    threads: int | None = None,
+    max_sequences: int = 4,
+) -> tuple[LM, LM | None]:
+    """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
+    on torch, a GGUF file on the backend measured best for the target on this machine (the
+    draft, probed too, runs on the same one). max_sequences: sequences one llama.cpp context
+    serves at once."""
+    if backend is not None and backend not in (*BACKENDS, "auto"):
+        raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
+    paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
+    gguf = [p for p in paths if not p.is_dir()]
+    kind = backend
+    if backend in (None, "auto") and gguf:
+        from specwise.backend_choice import choose
+
+        kind = choose(*gguf, threads=threads).backend
+    flash: dict[Path, bool] = {}
+    if kind == "ik_llama":
+        from specwise.backends.ik_llama import probe, usable_flash_attn
+
+        for p in gguf:
+            flash[p] = usable_flash_attn(p, batched=max_sequences > 1)
+            if flash[p] is None:
+                why = probe(p, False, max_sequences > 1)
+                if backend == "ik_llama":
+                    raise ValueError(f"--backend ik_llama cannot run here: {why}")
+                print(f"specwise: using llama_cpp instead of ik_llama: {why}", file=sys.stderr)
+                kind = "llama_cpp"
+                break
+    lms = [
+        _open(
+            p,
+            "torch" if p.is_dir() and backend in (None, "auto") else kind,
+            threads,
+            max_sequences,
+            flash,
+        )
+        for p in paths
+    ]
+    return lms[0], (lms[1] if draft else None)
 
 
 def load(
@@ -19,23 +80,21 @@ def load(
     threads: int | None = None,
     max_sequences: int = 4,
 ) -> LM:
-    """An LM for `model`: a path, or a catalog name (see `specwise models list`).
-    max_sequences: sequences one llama.cpp context serves at once."""
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is unknown; use one of: {', '.join(BACKENDS)}")
-    path = Path(model)
-    if not path.exists():
-        if "/" in str(model) or path.suffix == ".gguf":
-            raise FileNotFoundError(f"model path {str(model)!r} does not exist")
-        from specwise.models import resolve
+    """An LM for `model` (a path or a catalog name), as `load_pair` loads a target."""
+    return load_pair(model, None, backend, threads, max_sequences)[0]
 
-        path = resolve(str(model))
-    if backend is None:
-        backend = "torch" if path.is_dir() else "llama_cpp"
+
+def _open(
+    path: Path, backend: str, threads: int | None, max_sequences: int, flash: dict[Path, bool]
+) -> LM:
     if backend == "torch":
         from specwise.backends.torch_hf import TorchLM
 
         return TorchLM(path)
+    if backend == "ik_llama":
+        from specwise.backends.ik_llama import IkLlamaLM
+
+        return IkLlamaLM(path, threads=threads, max_sequences=max_sequences, flash_attn=flash[path])
     from specwise.backends.llama_cpp import LlamaCppLM
 
     return LlamaCppLM(path, threads=threads, max_sequences=max_sequences)

