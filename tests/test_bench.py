@@ -152,6 +152,33 @@ def test_report_arithmetic_on_hand_made_records():
     assert "ngram k=4" in rep.table() and "| ngram k=4 |" in rep.markdown()
 
 
+def test_a_baseline_on_another_backend_is_timed_compared_and_never_recommended():
+    # plain on llama_cpp: 100 tokens in 1500 ms of decoding (plain here: 1000 ms); ngram 500 ms
+    recs = [
+        record("plain", "a", 100, 1500, 500),
+        {**record("plain on llama_cpp", "a", 100, 2000, 500), "check": {}},
+        record("ngram k=4", "a", 100, 1000, 500, proposed=80, accepted=60, rounds=40),
+    ]
+    rep = build(recs, [], {"command": "test"})
+    figs = rep.figures["code"]["T=0"]
+    assert figs["plain on llama_cpp"]["speedup_total"] == pytest.approx(1000 / 1500)
+    assert figs["ngram k=4"]["speedup_vs_baseline"] == pytest.approx(3.0)
+    assert figs["plain"]["speedup_vs_baseline"] == pytest.approx(1.5)
+    assert "equivalence_ok" not in figs["plain on llama_cpp"]  # two libraries: not judged
+    assert rep.recommendation["code"]["T=0"]["best_speculative"] == "ngram k=4"
+    assert "over plain on llama_cpp: plain 1.50x, ngram k=4 3.00x" in rep.table()
+    assert rep.hindsight == {}  # no auto ran; the baseline is no fixed configuration
+    # one prompt: a ratio but no interval, and the recommendation says so
+    assert "not enough prompts to decide" in rep.recommendation["code"]["T=0"]["text"]
+
+
+def test_a_baseline_engine_runs_beside_the_configurations():
+    opts = Options(drafters=["ngram"], ks=[2])
+    runner = Runner(ToyLM(vocab=12, seed=0), None, opts, baseline=ToyLM(vocab=12, seed=0))
+    assert list(runner.engines) == ["plain", "plain on toy", "ngram k=2"]
+    assert [c.spec for c in runner.configs("chat")] == ["plain", "plain on toy", "ngram k=2"]
+
+
 def test_auto_against_hindsight():
     def fig(x):
         return {"speedup_total": x}
@@ -204,6 +231,7 @@ def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
             "2,auto",
             "--out",
             str(out),
+            "--json",
         ]
     )
     assert code == 0
@@ -233,6 +261,8 @@ def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
     with (out / "requests.jsonl").open("a") as f:
         f.write('{"cut sh')
     assert main(["bench", "report", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("report: ")  # no JSON
+    assert main(["bench", "report", str(out), "--json"]) == 0
     rebuilt = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rebuilt["figures"]["code_editing"]["T=0"] == editing
     assert "Recommendation" in (out / "report.md").read_text()

@@ -1,5 +1,7 @@
 """`specwise bench backend`: the backend's own numbers, measured side by side in one process.
 
+0. For a GGUF target, where ik_llama.cpp is installed: both GGUF backends' cost curves, plain
+   decoding on each, and the choice `--backend auto` makes (`specwise.bench.gguf`).
 1. Plain decoding: specwise's round loop vs llama-cpp-python's own high-level generation
    (`Llama.create_completion`) on the same GGUF, threads and prompt tokens, greedy, interleaved,
    medians after a warm-up. Where their greedy tokens part, the target's top-2 logit gap there
@@ -200,7 +202,24 @@ def round_breakdown(target: LM, draft: LM | None, max_tokens: int) -> dict:
 def run_backend_bench(target: LM, draft: LM | None, a) -> int:
     out_dir = Path(a.out) if a.out else default_out("-backend")
     out_dir.mkdir(parents=True, exist_ok=True)
-    print("1/3 plain decoding: specwise vs llama-cpp-python ...", file=sys.stderr)
+    gguf = None
+    if target.info.backend in ("llama_cpp", "ik_llama"):
+        from specwise.backends.ik_llama import available
+        from specwise.bench.gguf import compare_backends, format_comparison
+
+        if available():
+            print("0/3 the GGUF backends side by side ...", file=sys.stderr)
+            gguf = compare_backends(
+                Path(target.info.model),
+                target.info.threads,
+                a.max_tokens,
+                a.repeats,
+                getattr(target, "flash_attn", True),
+            )
+    print(
+        f"1/3 plain decoding: specwise ({target.info.backend}) vs llama-cpp-python ...",
+        file=sys.stderr,
+    )
     plain = plain_vs_llama_cpp_python(target, a.max_tokens, a.repeats)
     print("2/3 where a round's time goes ...", file=sys.stderr)
     breakdown = round_breakdown(target, draft, a.max_tokens)
@@ -217,10 +236,13 @@ def run_backend_bench(target: LM, draft: LM | None, a) -> int:
         "plain": plain,
         "round_breakdown": breakdown,
         "cost_curves": curves,
+        "gguf_backends": gguf,
     }
     lines = [
+        *([*format_comparison(gguf), ""] if gguf else []),
         f"plain decoding, greedy, {a.max_tokens} tokens, {plain['samples']} runs each "
-        f"(medians): specwise {plain['specwise_tokens_per_s']:.2f} tokens/s, "
+        f"(medians): specwise on {target.info.backend} "
+        f"{plain['specwise_tokens_per_s']:.2f} tokens/s, "
         f"llama-cpp-python {plain['llama_cpp_python_tokens_per_s']:.2f} tokens/s "
         f"-> {plain['ratio']:.3f}x; same tokens {plain['same_tokens']} (top-2 logit gaps where "
         f"they part: {plain['divergence_top2_gaps']}; batched-vs-single noise in a top-2 gap: "
@@ -239,7 +261,7 @@ def run_backend_bench(target: LM, draft: LM | None, a) -> int:
     for who, c in curves.items():
         base = c[1]
         lines.append(
-            f"{who} forward ms (x of 1 token): "
+            f"{who} forward ms on {target.info.backend} (x of 1 token): "
             + " ".join(f"{n}:{v:.0f}({v / base:.2f})" for n, v in sorted(c.items()))
         )
     text = "\n".join(lines)

@@ -85,6 +85,7 @@ def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -
     ratios = [_rate([a]) / _rate([b]) for a, b in pairs]
     fig = {
         "requests": len(records),
+        "prompts": len({(r["category"], r["prompt_id"]) for r in records}),
         "ttft_ms": float(
             np.median([x["ttft_ms"] for x in s if x["ttft_ms"] is not None] or [math.nan])
         ),
@@ -135,7 +136,7 @@ def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -
             for c in bad
         ]
         fig["equivalence_ok"] = all(c["near_tie"] for c in bad)
-    elif checks:
+    elif checks and "mean_logprob" in checks[0]:
         by_prompt_lp = {(r["prompt_id"], r["repeat"]): r["check"]["mean_logprob"] for r in plain}
         d = [
             r["check"]["mean_logprob"] - by_prompt_lp[(r["prompt_id"], r["repeat"])]
@@ -184,6 +185,8 @@ class Report:
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     lines.append(f"→ {rec['text']}")
+                if _baseline_line(by_spec):
+                    lines.append(f"  {_baseline_line(by_spec)}")
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -221,6 +224,8 @@ class Report:
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     out += ["", f"**Recommendation:** {rec['text']}"]
+                if _baseline_line(by_spec):
+                    out += ["", _baseline_line(by_spec)]
                 out.append("")
         if self.hindsight:
             out += [
@@ -309,7 +314,7 @@ def against_hindsight(figures: dict) -> dict[str, dict[str, dict]]:
             fixed = {
                 s: f["speedup_total"]
                 for s, f in by_spec.items()
-                if s not in ("auto", "plain") and f["speedup_total"] is not None
+                if s != "auto" and not s.startswith("plain") and f["speedup_total"] is not None
             }
             best = max({"plain": 1.0, **fixed}.items(), key=lambda kv: kv[1])  # first on a tie
             out.setdefault(cat, {})[sampling] = {
@@ -323,7 +328,11 @@ def against_hindsight(figures: dict) -> dict[str, dict[str, dict]]:
 
 
 def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
-    cands = {s: f for s, f in by_spec.items() if s != "plain" and f["speedup_total"] is not None}
+    cands = {
+        s: f
+        for s, f in by_spec.items()
+        if not s.startswith("plain") and f["speedup_total"] is not None
+    }
     if not cands:
         return {"best": "plain", "speculate": False, "text": "plain decoding (nothing else ran)"}
     # Ranked by goodput over decode time relative to plain on the same prompts (speedup): the
@@ -331,13 +340,23 @@ def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
     best = max(cands, key=lambda s: cands[s]["speedup_total"])
     f = cands[best]
     lo, hi = f["speedup_ci95"]
+    prompts = f.get("prompts", 0)
     on = not math.isnan(lo) and lo > 1.0
-    verdict = "speculate" if on else "do not speculate (no configuration beats plain beyond noise)"
-    text = (
-        f"{verdict}; best goodput (decode, draft prefill included): {best} at "
-        f"{_f(f['speedup_total'])}x plain "
-        f"(95% CI {_f(lo)}–{_f(hi)})"
-    )
+    measured = f"{best} at {_f(f['speedup_total'])}x plain"
+    if math.isnan(lo):  # one prompt: a ratio, but no spread to judge it by
+        verdict = (
+            f"not enough prompts to decide ({prompts or 'one'} prompt, no interval; "
+            f"run more with --limit 3 or more)"
+        )
+        text = f"{verdict}; measured best: {measured}"
+    else:
+        verdict = (
+            "speculate" if on else "do not speculate (no configuration beats plain beyond noise)"
+        )
+        text = (
+            f"{verdict}; best goodput (decode, draft prefill included): {measured} "
+            f"(95% CI over {prompts} prompts {_f(lo)}–{_f(hi)})"
+        )
     return {
         "best": best if on else "plain",
         "best_speculative": best,
@@ -346,6 +365,27 @@ def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
         "ci95": [lo, hi],
         "text": text,
     }
+
+
+def _baseline_line(by_spec: dict[str, dict]) -> str:
+    """'over plain on llama_cpp: plain 1.45x, auto 1.60x, ...', or '' without a baseline."""
+    base = next((s for s in by_spec if s.startswith("plain on ")), None)
+    if base is None:
+        return ""
+    return f"over {base}: " + ", ".join(
+        f"{spec} {_f(f.get('speedup_vs_baseline'))}x" for spec, f in by_spec.items() if spec != base
+    )
+
+
+def _against_baseline(figs: dict[str, dict]) -> None:
+    """Where a `plain on <backend>` baseline ran: every configuration's speedup over it (the
+    ratio of the two speedups over plain, both paired by prompt)."""
+    base = next((f for s, f in figs.items() if s.startswith("plain on ")), None)
+    if base is None or not base["speedup_total"]:
+        return
+    for f in figs.values():
+        x = f["speedup_total"]
+        f["speedup_vs_baseline"] = None if x is None else x / base["speedup_total"]
 
 
 def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
@@ -372,6 +412,7 @@ def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
             for spec, recs in by_spec.items():
                 key = recs[0]["config"]
                 figs[spec] = _figures(recs, rounds_by.get((cat, key), []), plain)
+            _against_baseline(figs)
             figures.setdefault(cat, {})[sampling] = figs
             recommendation.setdefault(cat, {})[sampling] = _recommend(figs)
     return Report(figures, recommendation, run)

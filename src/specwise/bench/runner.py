@@ -31,6 +31,7 @@ from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
 __all__ = [
+    "BASELINE",
     "NEAR_TIE_FACTOR",
     "Config",
     "Options",
@@ -42,6 +43,7 @@ __all__ = [
 
 NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
 _CHECK_SEQ = -4  # a sequence id the engines never use
+BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ class Config:
 
     @property
     def spec(self) -> str:
-        if self.drafter == "plain":
-            return "plain"
+        if self.drafter == "plain" or self.drafter.startswith(BASELINE):
+            return self.drafter
         return "auto" if self.k == "auto" else f"{self.drafter} k={self.k}"
 
     @property
@@ -80,14 +82,21 @@ class Options:
 
 
 class Runner:
-    """Runner(target, draft_lm, options): builds one engine per configuration and runs them."""
+    """Runner(target, draft_lm, options, baseline=None): builds one engine per configuration
+    and runs them. baseline: the same target on another backend (mainline llama.cpp), whose
+    plain decoding runs beside the rest as `plain on <backend>` (timed, never checked for
+    equivalence: two libraries may round a near-tie differently)."""
 
-    def __init__(self, target: LM, draft_lm: LM | None, options: Options) -> None:
+    def __init__(
+        self, target: LM, draft_lm: LM | None, options: Options, baseline: LM | None = None
+    ) -> None:
         self.target, self.options = target, options
         if "model" in options.drafters and draft_lm is None:
             raise ValueError("the model drafter needs a draft model (--draft or --pair)")
         self._draft_lm = draft_lm
         self.engines: dict[str, Engine] = {"plain": Engine(target)}
+        if baseline is not None:
+            self.engines[BASELINE + baseline.info.backend] = Engine(baseline)
         self.noise = {"logit": 0.0, "top2_gap": 0.0}
         self.near_tie = 0.0
         numeric = [k for k in options.ks if k != "auto" and k != 0]
@@ -185,7 +194,9 @@ class Runner:
         )
         for cfg, res in results.items():
             check: dict = {}
-            if greedy:
+            if cfg.drafter.startswith(BASELINE):
+                pass  # another library: timed only
+            elif greedy:
                 check = self._greedy_check(ids, plain.tokens, res.tokens)
             else:
                 check = {"mean_logprob": logprob[cfg], "n_tokens": len(res.tokens)}

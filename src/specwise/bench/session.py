@@ -1,6 +1,7 @@
 """One `specwise bench` run: pick prompts, run the matrix with a progress bar, write
-rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the table and,
-last, one JSON line. It loads nothing itself: it gets the models from its caller. `rebuild`
+rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the table, the
+recommendations and the report's path (and, with `json_line`, the compact summary as one JSON
+line last, for machines). It loads nothing itself: it gets the models from its caller. `rebuild`
 makes the same outputs again from a run's JSONL files (after the report changes, or to
 look at a run that was stopped part way)."""
 
@@ -51,12 +52,14 @@ def run_bench(
     out: Path,
     run_info: dict,
     stream=None,
+    json_line: bool = False,
+    baseline: LM | None = None,
 ) -> Report:
     from tqdm import tqdm
 
     stream = stream or sys.stdout
     out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(target, draft, options)
+    runner = Runner(target, draft, options, baseline)
     total = sum(len(runner.configs(p.category)) for p in prompts) * options.repeats
     records: list[dict] = []
     rounds: list[dict] = []
@@ -88,10 +91,10 @@ def run_bench(
         "numeric_noise": runner.noise,
         "near_tie_below": runner.near_tie,
     }
-    return publish(records, rounds, run, out, stream)
+    return publish(records, rounds, run, out, stream, json_line)
 
 
-def rebuild(out: Path, stream=None) -> Report:
+def rebuild(out: Path, stream=None, json_line: bool = False) -> Report:
     """Rebuild summary.json, report.md and the plots of the run in `out` from its
     requests.jsonl and rounds.jsonl (the run's settings come from its summary.json, if any)."""
     out = Path(out)
@@ -110,7 +113,7 @@ def rebuild(out: Path, stream=None) -> Report:
         run = {"command": "(rebuilt; the run's summary.json is missing)"}
     prompts = {(r["category"], r["prompt_id"]) for r in records}
     run = {**run, "prompts": len(prompts), "requests": len(records)}
-    return publish(records, rounds, run, out, stream or sys.stdout)
+    return publish(records, rounds, run, out, stream or sys.stdout, json_line)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -128,14 +131,16 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
-def publish(records: list[dict], rounds: list[dict], run: dict, out: Path, stream) -> Report:
+def publish(
+    records: list[dict], rounds: list[dict], run: dict, out: Path, stream, json_line: bool = False
+) -> Report:
     """Aggregate, write summary.json, report.md and the plots into `out`, print the table,
-    any equivalence failure and, last, the compact summary as one JSON line."""
+    any equivalence failure, the report's path and, with json_line, the compact summary as one
+    JSON line (it is in summary.json either way)."""
     report = build(records, rounds, run)
     report.write(out)
     plots = write_plots(report.figures, out)
     print(report.table(), file=stream)
-    print(f"\nreport: {out / 'report.md'} (plots: {', '.join(p.name for p in plots)})", file=stream)
     failed = [
         f"{cat} · {s} · {spec}"
         for cat, by_s in report.figures.items()
@@ -146,10 +151,17 @@ def publish(records: list[dict], rounds: list[dict], run: dict, out: Path, strea
     ]
     if failed:
         print("EQUIVALENCE CHECK FAILED for: " + "; ".join(failed), file=stream)
+    print(
+        f"\nreport: {out / 'report.md'} (summary.json; plots: {', '.join(p.name for p in plots)})",
+        file=stream,
+    )
+    if not json_line:
+        return report
     keep = (
         "speedup_total",
         "speedup_median",
         "speedup_ci95",
+        "speedup_vs_baseline",
         "acceptance_rate",
         "mean_accepted_length",
         "goodput_tokens_per_ms",
