@@ -163,7 +163,8 @@ def test_probing_happens_with_doubling_gaps():
 
 def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
     """Weak n-gram matches, known to fail, are never probed; a long match never tried before
-    is, at the length that would be best were it always accepted."""
+    is, at the shortest length that would pay were it always accepted (a probe measures; a
+    long one that fails costs most)."""
     ctl = Controller([Named("ngram", True)], costs(BUMPY, {"ngram": 0.0}))
     ctl.set_prior("ngram", [0.3] * 8)  # on an average request, speculating does not pay
     for i in range(300):  # short matches (confidence 0.2) are accepted 1 time in 10
@@ -171,8 +172,11 @@ def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
     weak = [ctl.plan("r", room=8, offers={"ngram": [0.2] * 8}) for _ in range(3 * PROBE_FIRST)]
     assert all(p.drafter is None for p in weak)
     strong = ctl.plan("r", room=8, offers={"ngram": [0.8] * 8})
-    m, _ = brute_force([1.0] * 8, 0.0, CostCurve(dict(BUMPY)))
-    assert strong.probe and strong.drafter.name == "ngram" and strong.k_max == m
+    c = CostCurve(dict(BUMPY))
+    shortest = next(m for m in range(1, 9) if (m + 1) / c(1 + m) > 1 / c(1))
+    best, _ = brute_force([1.0] * 8, 0.0, c)
+    assert shortest < best  # the test tells the two apart
+    assert strong.probe and strong.drafter.name == "ngram" and strong.k_max == shortest
 
 
 def test_no_run_of_failures_locks_a_cheap_drafter_out():

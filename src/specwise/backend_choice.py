@@ -3,7 +3,8 @@ machine, measured here, once, and remembered.
 
 The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) and mainline
 llama.cpp (`LlamaCppLM`). Each loads the target and measures its cost curve (a forward of n
-tokens, n = 1..16, medians of repeats that alternate between the backends). The choice:
+tokens, n = 1..16, on a sequence holding `costs.CALIBRATION_CONTEXT` tokens, medians of
+repeats that alternate between the backends). The choice:
 
 - the plain step (n = 1) decides: it is what every round costs where no draft pays, so a
   backend with a slower plain step would make some workloads slower than the other's plain
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import statistics
 import sys
@@ -31,8 +31,6 @@ from pathlib import Path
 from specwise.costs import CostCurve, machine, measure_curve
 
 __all__ = ["Choice", "choose", "decide", "spec_goodput"]
-
-log = logging.getLogger(__name__)
 
 SIZES = range(1, 17)
 REPEATS = 3
@@ -104,7 +102,7 @@ def choose(
     else:
         print(
             "specwise: measuring both llama.cpp backends once for this model and machine "
-            "(about a minute)...",
+            "(a few minutes, once)...",
             file=sys.stderr,
         )
         curves = measure_backends(target, threads, flash[target])

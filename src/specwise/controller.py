@@ -53,7 +53,7 @@ chosen only when it can pay the catch-up back. When plain wins, each drafter is 
 now and then (with doubling gaps while probes keep losing) so a request that becomes
 predictable is noticed. A cheap drafter is probed only with an offer that would pay on an
 average request by an optimistic reading of its calibration (an upper confidence bound, which
-every bin keeps because old outcomes fade), at the length that reading finds best: on a CPU,
+every bin keeps because old outcomes fade), at the shortest length that reading says pays: on a CPU,
 where verifying 3 tokens costs twice a plain step, probing every weak match is what made
 speculation cost a few percent where it could not pay. A model drafter is probed with 2 tokens,
 and only when catching up costs no more than one plain round. This module runs no model; the
@@ -534,16 +534,20 @@ class Controller:
         ]
 
     def _worth_probing(self, d: Drafter, offer: Sequence[float | None], batch: Batch) -> int:
-        """The proposal length that would pay were this request an average one and the offer's
-        confidences as good as their calibration optimistically allows; 0 when even that would
-        not beat plain decoding."""
+        """The shortest proposal length that would pay were this request an average one and
+        the offer's confidences as good as their calibration optimistically allows; 0 when
+        none would beat plain decoding. The shortest, not the best: a probe is there to measure
+        acceptance, and before anything is learnt every bin reads as certain, so the best
+        length under that reading is the longest offer, whose verification costs most when it
+        fails (measured on mainline from an empty home: three such probes of code generation
+        cost 1,592 ms for 6 tokens that plain decoding takes 385 ms for, BENCHMARKS.md §0)."""
         st = self._state[d.name]
         a = [
             st.global_alpha(i) if c is None else st.calibration.optimistic(c)
             for i, c in enumerate(offer)
         ]
-        m, g, _ = self._best_length(d.name, a, batch)
-        return m if g[m] > g[0] else 0
+        _, g, _ = self._best_length(d.name, a, batch)
+        return next((m for m in range(1, len(g)) if g[m] > g[0]), 0)
 
     def _probe(
         self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float

@@ -80,8 +80,17 @@ class CostCurve:
         return {n: v / base for n, v in sorted(self.ms.items())}
 
 
+# The context a cost is measured at: a typical request's (the shipped prompts hold 60-1,100
+# tokens). It matters: on the AMD EPYC Zen 3 machine mainline's one-token forward took 65 ms
+# at 128 tokens and 76-78 ms at 512-1,536, ik_llama's 51-56 ms at both (BENCHMARKS.md §0).
+CALIBRATION_CONTEXT = 512
+
+
 def measure_curve(
-    lm: LM, sizes: Iterable[int] = range(1, 17), repeats: int = 3, context: int = 128
+    lm: LM,
+    sizes: Iterable[int] = range(1, 17),
+    repeats: int = 3,
+    context: int = CALIBRATION_CONTEXT,
 ) -> CostCurve:
     """Median time of a forward of n tokens on a sequence already holding `context` tokens."""
     sizes = list(sizes)

@@ -3,17 +3,18 @@ through specwise's own ctypes declarations (`ik_api`), and `probe`, which says w
 prebuilt library runs on this CPU.
 
 It is `LlamaCppLM` with another library underneath; what differs:
-- run-time repacking of the weights (`repack_tensors`) and flash attention are on: they are
-  what make a forward of several tokens cost little more than one on a CPU (BENCHMARKS.md);
+- run-time repacking of the weights (`repack_tensors`) is on, and flash attention where the
+  probe allows it (contexts of one sequence): they are what make a forward of several tokens
+  cost little more than one on a CPU (BENCHMARKS.md §0);
 - the KV cache is one pool of cells that every sequence shares, so a call of any shape runs as
-  one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction);
-  batched output equals solo output up to the rounding of a forward of another length.
+  one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction).
 
 The library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
-assertion that aborts the process) rather than raise. So before it is first used on a machine,
-`probe` runs the forwards specwise makes (a long prefill, single tokens, several tokens, two
-sequences in one call) in a child process, with the model at hand, and caches the verdict by
-machine, library and model. This module decides no backend; `specwise.backends.choose` does.
+assertion that aborts the process) rather than raise, and a wrong kernel computes garbage
+without a sign. So before a model first runs on it on a machine, `probe` runs the forwards
+specwise makes in a child process and checks their logits, and caches the verdict by machine,
+library, model and setting. This module decides no backend; `specwise.backends.load_pair` and
+`specwise.backend_choice` do.
 """
 
 from __future__ import annotations
@@ -86,9 +87,6 @@ class IkLlamaLM(LlamaCppLM):
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         return self._lib.llama_kv_cache_seq_rm(self._ctx, slot, p0, p1)
 
-    def _seq_cp(self, src: int, dst: int) -> None:  # pragma: no cover - no compaction here
-        self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, -1, -1)
-
     def _compact(self) -> None:
         """Nothing to do: one shared cache, so a free slot costs no pass."""
 
@@ -98,14 +96,11 @@ class IkLlamaLM(LlamaCppLM):
         the cost model prices as that many tokens of one sequence."""
         counts = [n for _, n in calls if n > 0]
         total = sum(counts)
-        if not total:
-            return []
-        out = []
-        for start in range(0, total, self._n_ubatch):
-            out.append(min(self._n_ubatch, total - start))
-        if len(out) == 1 and len(counts) > 1 and len(set(counts)) == 1:
+        if len(counts) > 1 and len(set(counts)) == 1 and total <= self._n_ubatch:
             return [(len(counts), counts[0])]
-        return [(1, n) for n in out]
+        return [
+            (1, min(self._n_ubatch, total - start)) for start in range(0, total, self._n_ubatch)
+        ]
 
 
 def _probe_key(model: Path, flash_attn: bool, batched: bool) -> str:
@@ -137,6 +132,12 @@ def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = Fal
         return json.loads(path.read_text())["problem"]
     except (OSError, ValueError, KeyError):
         pass
+    print(
+        f"specwise: checking that ik_llama.cpp runs {model.name} correctly on this CPU "
+        f"({'several sequences' if batched else 'one sequence'}, flash attention "
+        f"{'on' if flash_attn else 'off'}; once)...",
+        file=sys.stderr,
+    )
     problem = _probe_child(model, flash_attn, batched)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
