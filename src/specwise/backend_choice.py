@@ -28,9 +28,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specwise.backends.base import LM
 from specwise.costs import CostCurve, machine, measure_curve
 
-__all__ = ["Choice", "choose", "decide", "spec_goodput"]
+__all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
 
 SIZES = range(1, 17)
 REPEATS = 3
@@ -69,14 +70,13 @@ def decide(curves: dict[str, CostCurve]) -> tuple[str, str]:
 
 def _key(target: Path, threads: int | None) -> str:
     from specwise.backends import ik_api
+    from specwise.backends.base import file_fingerprint
 
     try:
-        lib = ik_api.library_path()
-        lib_id = f"{lib}:{lib.stat().st_size}"
+        lib_id = ik_api.library_id()
     except ik_api.IkLibraryError:
         lib_id = "no-ik"
-    st = target.stat()
-    parts = [machine(), f"{target.name}:{st.st_size}:{int(st.st_mtime)}", str(threads), lib_id]
+    parts = [machine(), file_fingerprint(target), str(threads), lib_id]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -85,7 +85,7 @@ def choose(
 ) -> Choice:
     """The GGUF backend for this model pair on this machine (measured on first use)."""
     from specwise.backends.ik_llama import probe, usable_flash_attn
-    from specwise.models import home
+    from specwise.models import home, save_json
 
     target = Path(target)
     path = home() / "backends" / f"{_key(target, threads)}.json"
@@ -105,39 +105,40 @@ def choose(
             "(a few minutes, once)...",
             file=sys.stderr,
         )
-        curves = measure_backends(target, threads, flash[target])
+        lms = open_backends(target, threads, flash[target])
+        try:
+            curves = measure_backends(lms)
+        finally:
+            for lm in lms.values():
+                lm.close()
         backend, reason = decide(curves)
         choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(choice), indent=1))
-    os.replace(tmp, path)
+    save_json(path, asdict(choice), indent=1)
     print(f"specwise: backend {choice.reason}", file=sys.stderr)
     return choice
 
 
-def measure_backends(
-    target: Path, threads: int | None, flash_attn: bool = True, repeats: int = REPEATS
-) -> dict[str, CostCurve]:
-    """Both backends' cost curves for `target`, the repeats alternating between them."""
+def open_backends(target: Path, threads: int | None, flash_attn: bool) -> dict[str, LM]:
+    """`target` on each GGUF backend, one sequence slot each (the caller closes them)."""
     from specwise.backends.ik_llama import IkLlamaLM
     from specwise.backends.llama_cpp import LlamaCppLM
 
-    lms = {
-        "ik_llama": IkLlamaLM(
-            target, threads=threads, context_length=1024, max_sequences=1, flash_attn=flash_attn
-        ),
-        "llama_cpp": LlamaCppLM(target, threads=threads, context_length=1024, max_sequences=1),
+    ik = IkLlamaLM(
+        target, threads=threads, context_length=2048, max_sequences=1, flash_attn=flash_attn
+    )
+    return {
+        "ik_llama": ik,
+        "llama_cpp": LlamaCppLM(target, threads=threads, context_length=2048, max_sequences=1),
     }
+
+
+def measure_backends(lms: dict[str, LM], repeats: int = REPEATS) -> dict[str, CostCurve]:
+    """Each backend's cost curve, the repeats alternating between them."""
     samples: dict[str, dict[int, list[float]]] = {b: {} for b in lms}
-    try:
-        for _ in range(repeats):
-            for b, lm in lms.items():
-                for n, ms in measure_curve(lm, sizes=SIZES, repeats=1).ms.items():
-                    samples[b].setdefault(n, []).append(ms)
-    finally:
-        for lm in lms.values():
-            lm.close()
+    for _ in range(repeats):
+        for b, lm in lms.items():
+            for n, ms in measure_curve(lm, sizes=SIZES, repeats=1).ms.items():
+                samples[b].setdefault(n, []).append(ms)
     return {
         b: CostCurve({n: float(statistics.median(v)) for n, v in by_n.items()})
         for b, by_n in samples.items()

@@ -67,7 +67,6 @@ import functools
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -619,11 +618,10 @@ class Controller:
     def _save(self) -> None:
         if self._memory is None:
             return
+        from specwise.models import save_json
+
         try:
-            self._memory.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._memory.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.state()))
-            os.replace(tmp, self._memory)
+            save_json(self._memory, self.state())
         except OSError as exc:  # learning is a bonus; never fail a request for it
             log.warning("could not save the controller's learning: %s", exc)
 

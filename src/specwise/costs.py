@@ -232,10 +232,9 @@ class CostModel:
         )
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
+        from specwise.models import save_json
+
+        save_json(path, self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: Path) -> CostModel | None:

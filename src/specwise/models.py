@@ -155,6 +155,15 @@ def home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specwise"
 
 
+def save_json(path: Path, data: object, indent: int | None = None) -> None:
+    """Write `data` as JSON to `path` (a cached measurement or verdict under `home()`) so that
+    a reader never sees half a file: into a temporary file beside it, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=indent))
+    os.replace(tmp, path)
+
+
 def _entry(name: str) -> ModelEntry:
     entry = CATALOG.get(name)
     if entry is None:

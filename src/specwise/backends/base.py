@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "check_append",
     "check_same_vocab",
     "check_truncate",
+    "file_fingerprint",
 ]
 
 
@@ -106,6 +108,17 @@ def check_truncate(seq: int, have: int, n: int) -> None:
     """Raise ValueError unless keeping the first n of `have` cached tokens makes sense."""
     if not 0 <= n <= have:
         raise ValueError(f"cannot truncate sequence {seq} to {n}: it holds {have} tokens")
+
+
+def file_fingerprint(path: Path) -> str:
+    """Cheap identity of a file, or of the files in a folder: names, sizes and modification
+    times (keys cached measurements; a changed file is measured again)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
 
 
 def vocab_digest(tok: Tokenizer) -> str:

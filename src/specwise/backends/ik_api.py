@@ -32,6 +32,7 @@ __all__ = [
     "STRUCTS",
     "IkLibraryError",
     "header_path",
+    "library_id",
     "library_path",
     "llama_batch",
     "llama_context_params",
@@ -243,6 +244,14 @@ def library_path() -> Path:
     return path
 
 
+def library_id() -> str:
+    """Identifies the installed library (path and file), for keys of cached verdicts."""
+    from specwise.backends.base import file_fingerprint
+
+    path = library_path()
+    return f"{path}:{file_fingerprint(path)}"
+
+
 def header_path() -> Path:
     """The llama.h shipped in the same wheel (for the layout test)."""
     from importlib.metadata import PackageNotFoundError, files
@@ -258,9 +267,9 @@ def header_path() -> Path:
 
 def open_library(path: Path | None = None) -> SimpleNamespace:
     """Load libllama.so in this process with the prototypes above; the returned namespace
-    carries each function under its C name (and mainline's name, `_ALIASES`), plus `llama_token` (the token type), `path` and
-    `system_info`. Raises IkLibraryError where the library does not load or its defaults are
-    not the ones the declared structs imply."""
+    carries each function under its C name (and mainline's name, `_ALIASES`), plus
+    `llama_token` (the token type), `path` and `system_info`. Raises IkLibraryError where the
+    library does not load or its defaults are not the ones the declared structs imply."""
     path = path or library_path()
     try:
         cdll = ctypes.CDLL(str(path))

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.backends import ik_api
+from specwise.backends.base import file_fingerprint
 from specwise.backends.llama_cpp import LlamaCppLM, route_log
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
@@ -108,10 +109,8 @@ def _probe_key(model: Path, flash_attn: bool, batched: bool) -> str:
 
     from specwise.costs import machine
 
-    lib = ik_api.library_path()
-    st, mt = lib.stat(), model.stat()
-    parts = [machine(), f"{lib}:{st.st_size}:{int(st.st_mtime)}", f"probe {PROBE_VERSION}"]
-    parts += [f"{model.name}:{mt.st_size}:{int(mt.st_mtime)}", f"fa={flash_attn}:{batched}"]
+    parts = [machine(), ik_api.library_id(), f"probe {PROBE_VERSION}", file_fingerprint(model)]
+    parts.append(f"fa={flash_attn}:{batched}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -120,7 +119,7 @@ def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = Fal
     (one sentence). batched: also calls over several sequences at once (a context with
     max_sequences > 1). The first answer for a machine, library, model and settings comes from
     a child process (seconds, once); later ones from $SPECWISE_HOME/probes."""
-    from specwise.models import home
+    from specwise.models import home, save_json
 
     model = Path(model)
     try:
@@ -139,10 +138,7 @@ def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = Fal
         file=sys.stderr,
     )
     problem = _probe_child(model, flash_attn, batched)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"problem": problem, "model": str(model)}))
-    os.replace(tmp, path)
+    save_json(path, {"problem": problem, "model": str(model)})
     return problem
 
 

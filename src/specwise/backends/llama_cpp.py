@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import heapq
 import os
 import threading
@@ -35,7 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.backends.base import BackendInfo, check_append, check_rows, check_truncate
+from specwise.backends.base import (
+    BackendInfo,
+    check_append,
+    check_rows,
+    check_truncate,
+    file_fingerprint,
+)
 
 __all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "equal_passes", "system_info"]
 
@@ -232,7 +237,7 @@ class LlamaCppLM:
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
-        self.info = BackendInfo(self.backend, str(path), self.threads, _fingerprint(path))
+        self.info = BackendInfo(self.backend, str(path), self.threads, file_fingerprint(path))
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
         self._free = list(range(max_sequences))  # a heap: the lowest free slot is taken first
@@ -416,8 +421,3 @@ def equal_passes(slots: Sequence[tuple[int, int]], n_ubatch: int = 512) -> list[
             if not left[s]:
                 del left[s]
     return out
-
-
-def _fingerprint(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha256(f"{path.name}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]

@@ -9,7 +9,6 @@ downloading: a hub id is not accepted, only local files.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from specwise.backends.base import (
     check_rows,
     check_truncate,
     eos_ids,
+    file_fingerprint,
 )
 
 __all__ = ["HFTokenizer", "TorchLM"]
@@ -109,7 +109,7 @@ class TorchLM:
             model, loaded_tok = _load(path)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
             source = str(path)
-            fingerprint = _file_fingerprint(path)
+            fingerprint = file_fingerprint(path)
         else:
             model, source = model_or_path, "in-memory"
             fingerprint = f"in-memory-{id(model):x}"
@@ -196,13 +196,3 @@ class TorchLM:
     def release(self, seq: int) -> None:
         self._caches.pop(seq, None)
         self._lengths.pop(seq, None)
-
-
-def _file_fingerprint(path: Path) -> str:
-    """Cheap identity of model files: names, sizes and modification times."""
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{int(st.st_mtime)}".encode())
-    return h.hexdigest()[:16]

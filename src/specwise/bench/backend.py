@@ -32,6 +32,7 @@ import numpy as np
 
 from specwise import engine as engine_mod
 from specwise import sampling as sampling_mod
+from specwise.backends import GGUF_BACKENDS
 from specwise.backends.base import LM
 from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
 from specwise.bench.session import default_out
@@ -203,7 +204,7 @@ def run_backend_bench(target: LM, draft: LM | None, a) -> int:
     out_dir = Path(a.out) if a.out else default_out("-backend")
     out_dir.mkdir(parents=True, exist_ok=True)
     gguf = None
-    if target.info.backend in ("llama_cpp", "ik_llama"):
+    if target.info.backend in GGUF_BACKENDS:
         from specwise.backends.ik_llama import available
         from specwise.bench.gguf import compare_backends, format_comparison
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from specwise.backend_choice import decide, measure_backends
+from specwise.backend_choice import decide, measure_backends, open_backends
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
@@ -28,20 +28,14 @@ __all__ = ["compare_backends", "format_comparison"]
 def compare_backends(
     target: Path, threads: int | None, max_tokens: int, repeats: int, flash_attn: bool = True
 ) -> dict:
-    from specwise.backends.ik_llama import IkLlamaLM
-    from specwise.backends.llama_cpp import LlamaCppLM
     from specwise.bench.session import pick
     from specwise.bench.workloads import builtin, render
 
-    curves = measure_backends(target, threads, flash_attn, repeats=repeats)
-    backend, reason = decide(curves)
-    lms = {
-        "llama_cpp": LlamaCppLM(target, threads=threads, max_sequences=1),
-        "ik_llama": IkLlamaLM(target, threads=threads, max_sequences=1, flash_attn=flash_attn),
-    }
+    lms = open_backends(target, threads, flash_attn)
     params = SamplingParams(max_tokens=max_tokens)
     rows = []
     try:
+        curves = measure_backends(lms, repeats=repeats)
         engines = {b: Engine(lm) for b, lm in lms.items()}
         for b, eng in engines.items():  # warm-up
             eng.generate(lms[b].tokenizer.encode("def f(x):"), SamplingParams(max_tokens=8))
@@ -63,6 +57,7 @@ def compare_backends(
     finally:
         for lm in lms.values():
             lm.close()
+    choice, reason = decide(curves)
     by_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
         rs = [r for r in rows if r["category"] == cat]
@@ -74,7 +69,7 @@ def compare_backends(
         }
     return {
         "curves": {b: c.ms for b, c in curves.items()},
-        "choice": backend,
+        "choice": choice,
         "reason": reason,
         "plain": by_cat,
         "plain_ratio_median": median(r["ik_llama"] / r["llama_cpp"] for r in rows),

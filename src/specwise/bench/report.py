@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from specwise.bench.runner import BASELINE
 from specwise.trace import (
     RoundTrace,
     acceptance_per_position,
@@ -185,7 +186,7 @@ class Report:
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     lines.append(f"→ {rec['text']}")
-                if _baseline_line(by_spec):
+                if _baseline(by_spec):
                     lines.append(f"  {_baseline_line(by_spec)}")
         return "\n".join(lines)
 
@@ -224,7 +225,7 @@ class Report:
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     out += ["", f"**Recommendation:** {rec['text']}"]
-                if _baseline_line(by_spec):
+                if _baseline(by_spec):
                     out += ["", _baseline_line(by_spec)]
                 out.append("")
         if self.hindsight:
@@ -367,11 +368,14 @@ def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def _baseline(by_spec: dict[str, dict]) -> str | None:
+    """The spec of the `plain on <backend>` baseline among these, if one ran."""
+    return next((s for s in by_spec if s.startswith(BASELINE)), None)
+
+
 def _baseline_line(by_spec: dict[str, dict]) -> str:
-    """'over plain on llama_cpp: plain 1.45x, auto 1.60x, ...', or '' without a baseline."""
-    base = next((s for s in by_spec if s.startswith("plain on ")), None)
-    if base is None:
-        return ""
+    """'over plain on llama_cpp: plain 1.45x, auto 1.60x, ...' (a baseline ran)."""
+    base = _baseline(by_spec)
     return f"over {base}: " + ", ".join(
         f"{spec} {_f(f.get('speedup_vs_baseline'))}x" for spec, f in by_spec.items() if spec != base
     )
@@ -380,12 +384,12 @@ def _baseline_line(by_spec: dict[str, dict]) -> str:
 def _against_baseline(figs: dict[str, dict]) -> None:
     """Where a `plain on <backend>` baseline ran: every configuration's speedup over it (the
     ratio of the two speedups over plain, both paired by prompt)."""
-    base = next((f for s, f in figs.items() if s.startswith("plain on ")), None)
-    if base is None or not base["speedup_total"]:
+    base = _baseline(figs)
+    if base is None or not figs[base]["speedup_total"]:
         return
     for f in figs.values():
         x = f["speedup_total"]
-        f["speedup_vs_baseline"] = None if x is None else x / base["speedup_total"]
+        f["speedup_vs_baseline"] = None if x is None else x / figs[base]["speedup_total"]
 
 
 def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
