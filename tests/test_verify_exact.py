@@ -15,6 +15,8 @@ from specwise.verify import (
     rejection_sample,
     residual,
     sample_and_match,
+    tree_greedy_match,
+    tree_sample_and_match,
 )
 from toy import enumerate_outcomes
 
@@ -232,3 +234,129 @@ def test_greedy_params_make_one_hot_p_and_rejection_agrees_with_greedy_match():
 def test_zero_q_draft_token_is_an_error():
     with pytest.raises(ValueError, match="q = 0"):
         rejection_sample([1], np.array([[1.0, 0.0]]), np.array([[0.5, 0.5]] * 2), None)
+
+
+# -- tree drafts ----------------------------------------------------------------------------
+
+
+def random_tree(rng, v, n):
+    """A tree of n nodes over a vocabulary of v tokens: parents before children, siblings
+    distinct."""
+    tokens, parents = [], []
+    while len(tokens) < n:
+        parent = int(rng.integers(-1, len(tokens)))
+        used = {t for t, q in zip(tokens, parents, strict=True) if q == parent}
+        free = [t for t in range(v) if t not in used]
+        if free:
+            tokens.append(int(rng.choice(free)))
+            parents.append(parent)
+    return tokens, parents
+
+
+def tree_rows(table, tokens, parents):
+    """p after the root and after each node: the target's next-token distribution given the
+    path from the root (a fixed random function of the path)."""
+
+    def path(i):
+        return () if i < 0 else (*path(parents[i]), tokens[i])
+
+    return np.stack([table(()), *(table(path(i)) for i in range(len(tokens)))])
+
+
+def plain_tree_distribution(table, tokens, parents):
+    """What decoding token by token from the target emits, stopped where the tree stops:
+    {emitted sequence: probability}, enumerated."""
+    out: dict[tuple, float] = {}
+
+    def walk(node, prefix, prob):
+        p = table(prefix)
+        kids = {tokens[i]: i for i in range(len(tokens)) if parents[i] == node}
+        for y in np.flatnonzero(p > 0):
+            seq, pr = (*prefix, int(y)), prob * p[y]
+            if int(y) in kids:
+                walk(kids[int(y)], seq, pr)
+            else:
+                out[seq] = out.get(seq, 0.0) + pr
+
+    walk(-1, (), 1.0)
+    return out
+
+
+def prefix_table(rng, v):
+    memo: dict[tuple, np.ndarray] = {}
+
+    def table(prefix):
+        if prefix not in memo:
+            memo[prefix] = random_dist(rng, v, zeros=int(rng.integers(0, 2)))
+        return memo[prefix]
+
+    return table
+
+
+@pytest.mark.parametrize("v, n", [(2, 3), (3, 4), (3, 6), (4, 5)])
+def test_tree_sample_and_match_emits_exactly_the_target_distribution(v, n):
+    rng = np.random.default_rng(100 * v + n)
+    for _ in range(6):
+        table = prefix_table(rng, v)
+        tokens, parents = random_tree(rng, v, n)
+        rows = tree_rows(table, tokens, parents)
+        got = enumerate_outcomes(
+            lambda s, t=tokens, q=parents, r=rows: tuple(tree_sample_and_match(t, q, r, s).tokens)
+        )
+        want = plain_tree_distribution(table, tokens, parents)
+        assert set(got) <= set(want)
+        for seq, prob in want.items():
+            assert got.get(seq, 0.0) == pytest.approx(prob, abs=TOL), (tokens, parents, seq)
+
+
+def test_a_broken_tree_rule_fails_the_distribution_test():
+    """Drawing again once when the first draw matches no child (favouring the draft) is the
+    kind of bug the test above must catch."""
+
+    def broken(tokens, parents, p, s):
+        redrawn = set()
+
+        def pick(row):
+            y = s.categorical(p[row])
+            node = row - 1
+            kids = [tokens[i] for i in range(len(tokens)) if parents[i] == node]
+            if kids and y not in kids and row not in redrawn:
+                redrawn.add(row)
+                y = s.categorical(p[row])
+            return y
+
+        from specwise.verify import _tree_walk
+
+        return _tree_walk(tokens, parents, pick)
+
+    rng = np.random.default_rng(5)
+    table = prefix_table(rng, 3)
+    tokens, parents = [0, 1, 2], [-1, -1, 0]
+    rows = tree_rows(table, tokens, parents)
+    got = enumerate_outcomes(lambda s: tuple(broken(tokens, parents, rows, s).tokens))
+    want = plain_tree_distribution(table, tokens, parents)
+    assert max(abs(got.get(k, 0.0) - w) for k, w in want.items()) > 1e-3
+
+
+def test_tree_greedy_follows_the_argmax_and_reports_the_path():
+    tokens, parents = [5, 6, 7, 8], [-1, -1, 1, 2]  # root -> 5 ; root -> 6 -> 7 -> 8
+    v = tree_greedy_match(tokens, parents, [6, 0, 7, 1, 3])  # argmax after root, 5, 6, 7, 8
+    assert (v.accepted, v.tokens, v.path, v.bonus) == (2, [6, 7, 1], (1, 2), False)
+    assert v.rejection_position == 2
+    leaf = tree_greedy_match(tokens, parents, [6, 0, 7, 8, 4])
+    assert (leaf.accepted, leaf.tokens, leaf.path, leaf.bonus) == (3, [6, 7, 8, 4], (1, 2, 3), True)
+    none = tree_greedy_match(tokens, parents, [9, 0, 0, 0, 0])
+    assert (none.accepted, none.tokens, none.bonus) == (0, [9], False)
+    # a chain is a tree: the same verdict as greedy_match
+    chain = tree_greedy_match([1, 2, 3], [-1, 0, 1], [1, 2, 4, 0])
+    assert (chain.accepted, chain.tokens) == (
+        greedy_match([1, 2, 3], [1, 2, 4, 0]).accepted,
+        [1, 2, 4],
+    )
+
+
+def test_malformed_trees_are_refused():
+    with pytest.raises(ValueError, match="parent comes before"):
+        tree_greedy_match([1, 2], [1, -1], [0, 0, 0])
+    with pytest.raises(ValueError, match="repeats its sibling"):
+        tree_greedy_match([1, 1], [-1, -1], [0, 0, 0])

@@ -17,6 +17,15 @@ Lossless rules (the output has exactly the target's distribution):
   y_i that differs is the recovered token. Needs no q, at the price of a lower acceptance
   rate than `rejection_sample` whenever q is not a point mass.
 
+Tree drafts (several point-mass continuations sharing prefixes; `parents[i]` is node i's parent,
+-1 for the root, which is the last emitted token; p row 0 follows the root, row i + 1 node i):
+
+- `tree_greedy_match`: from the root, follow the child equal to the target's argmax; the
+  first argmax that is no child is the recovered token (the bonus, at a leaf).
+- `tree_sample_and_match`: the same with y ~ p at each node (SpecInfer's multi-candidate
+  sample-and-match for deterministic candidates): every emitted token is a draw from the
+  target's distribution after the tokens before it, so the output is exactly the target's.
+
 Every rule is a pure function of arrays and a `Sampler` (the only source of randomness), so
 tests can enumerate every random outcome and compute the exact output distribution.
 This module imports no backend and knows nothing about caches or the round loop.
@@ -37,6 +46,8 @@ __all__ = [
     "rejection_sample",
     "residual",
     "sample_and_match",
+    "tree_greedy_match",
+    "tree_sample_and_match",
 ]
 
 
@@ -53,9 +64,10 @@ class _Rows(Protocol):  # an [n, V] array or a LazyRows
 class Verdict:
     """What a rule decided for one round."""
 
-    accepted: int  # draft tokens kept (a prefix of the draft)
+    accepted: int  # draft tokens kept (a prefix of the draft; a path from the root in a tree)
     tokens: list[int]  # emitted: the accepted draft tokens, then one recovered or bonus token
     bonus: bool  # True: the last token is the bonus (all k accepted); False: recovered
+    path: tuple[int, ...] = ()  # a tree draft's accepted nodes, root first (empty for a chain)
 
     @property
     def rejection_position(self) -> int | None:
@@ -120,3 +132,38 @@ def sample_and_match(draft: Sequence[int], p: _Rows, sampler: _Random) -> Verdic
         if y != draft[i]:
             return Verdict(i, [*map(int, draft[:i]), y], bonus=False)
     return Verdict(k, [*map(int, draft), sampler.categorical(p[k])], bonus=True)
+
+
+def _tree_walk(tokens: Sequence[int], parents: Sequence[int], pick) -> Verdict:
+    """Walk a tree draft from the root: `pick(row)` gives the token after the node whose p row
+    is `row`; follow the child that equals it, stop at the first that none does."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, parent) in enumerate(zip(tokens, parents, strict=True)):
+        if not -1 <= parent < i:
+            raise ValueError(f"tree node {i} has parent {parent}; a parent comes before its child")
+        if int(t) in children.setdefault(parent, {}):
+            raise ValueError(f"tree node {i} repeats its sibling's token {int(t)}")
+        children[parent][int(t)] = i
+    node, path = -1, []
+    while True:
+        y = pick(node + 1)
+        nxt = children.get(node, {}).get(y)
+        if nxt is None:
+            leaf = node not in children
+            return Verdict(len(path), [*(int(tokens[i]) for i in path), y], leaf, tuple(path))
+        node = nxt
+        path.append(nxt)
+
+
+def tree_greedy_match(
+    tokens: Sequence[int], parents: Sequence[int], target_argmax: Sequence[int]
+) -> Verdict:
+    """tokens, parents [n], target_argmax [n+1]: follow the argmax through the tree."""
+    return _tree_walk(tokens, parents, lambda row: int(target_argmax[row]))
+
+
+def tree_sample_and_match(
+    tokens: Sequence[int], parents: Sequence[int], p: _Rows, sampler: _Random
+) -> Verdict:
+    """tokens, parents [n], p [n+1, V]: draw y ~ p at each node, follow the child equal to y."""
+    return _tree_walk(tokens, parents, lambda row: int(sampler.categorical(p[row])))
