@@ -206,7 +206,7 @@ class AlwaysWrong:
     def bind(self, target):
         pass
 
-    def begin(self, seq, prompt):
+    def begin(self, seq, prompt, tenant=None):
         pass
 
     def propose(self, seq, context, k, params, sampler, keep_going=None):

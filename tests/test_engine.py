@@ -11,7 +11,7 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.backends.torch_hf import TorchLM
-from specwise.drafters import Draft, ModelDrafter, NgramDrafter
+from specwise.drafters import Draft, ModelDrafter, NgramDrafter, SuffixDrafter
 from specwise.oracle import plain_decode
 from toy import ToyLM, tiny_llama
 
@@ -33,10 +33,10 @@ def drafter_for(kind, target, unrelated):
         return ModelDrafter(TorchLM(target.model))  # same weights, own caches
     if kind == "unrelated":
         return ModelDrafter(unrelated)
-    return NgramDrafter()
+    return SuffixDrafter() if kind == "suffix" else NgramDrafter()
 
 
-@pytest.mark.parametrize("kind", ["same", "unrelated", "ngram"])
+@pytest.mark.parametrize("kind", ["same", "unrelated", "ngram", "suffix"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_equals_plain(target, unrelated, kind, k):
     params = SamplingParams(max_tokens=40)
@@ -91,7 +91,7 @@ class FixedDrafter:
     def bind(self, target):
         pass
 
-    def begin(self, seq, prompt):
+    def begin(self, seq, prompt, tenant=None):
         self.n_prompt = len(prompt)
 
     def propose(self, seq, context, k, params, sampler, keep_going=None):

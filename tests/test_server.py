@@ -18,7 +18,7 @@ from specwise import Engine
 from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.controller import Controller
 from specwise.costs import CostCurve, CostModel
-from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.drafters import ModelDrafter, NgramDrafter, SuffixDrafter
 from specwise.server.app import create_app
 
 MODEL = "smol"
@@ -267,7 +267,7 @@ def test_per_request_speculation_override(local):
 
 
 def test_api_key(engine):
-    with TestClient(create_app(engine, MODEL, api_key="sesame")) as c:
+    with TestClient(create_app(engine, MODEL, api_keys=["sesame", "open"])) as c:
         assert c.post("/v1/completions", json=greedy("hi", max_tokens=2)).status_code == 401
         bad = c.post(
             "/v1/completions",
@@ -282,7 +282,34 @@ def test_api_key(engine):
             headers={"Authorization": "Bearer sesame"},
         )
         assert ok.status_code == 200
+        other = c.get("/v1/models", headers={"Authorization": "Bearer open"})
+        assert other.status_code == 200  # every key given is accepted
         assert c.get("/health").status_code == 200  # health needs no key
+
+
+def test_each_api_key_is_a_tenant_of_the_suffix_memory(engine):
+    """Requests under two keys are remembered apart, under hashes of the keys; the second
+    tenant's repeat of the first tenant's request is not drafted from the first's text."""
+    drafter = SuffixDrafter(scope="key")
+    eng = Engine(engine.target, drafter, k=4)
+    body = greedy("Count from one to ten in words.", max_tokens=24)
+    with TestClient(create_app(eng, MODEL, api_keys=["alpha", "beta"])) as c:
+
+        def ask(key):
+            r = c.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200
+            return r.json()
+
+        first = ask("alpha")
+        assert len(drafter.memories) == 1
+        (tenant,) = drafter.memories
+        assert "alpha" not in tenant and drafter.memories[tenant].documents == 1
+        again = ask("alpha")  # the same request again: drafted from memory
+        other = ask("beta")  # the same request from another tenant: not
+        assert len(drafter.memories) == 2
+    texts = {r["choices"][0]["text"] for r in (first, again, other)}
+    assert len(texts) == 1  # greedy: the same output whatever was remembered
+    assert again["speculative"]["accepted"] > other["speculative"]["accepted"]
 
 
 def test_a_full_queue_answers_429(engine):

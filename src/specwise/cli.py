@@ -51,7 +51,26 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model with the target's tokenizer (name or path)")
     p.add_argument(
         "--drafter",
-        help="drafters, comma separated (model, ngram); default: ngram, plus model with --draft",
+        help="drafters, comma separated (model, ngram, suffix); default with --k auto: ngram "
+        "and suffix, plus model with --draft; with a fixed k: model with --draft, else ngram",
+    )
+    p.add_argument(
+        "--suffix-scope",
+        choices=["request", "key", "global"],
+        default="key",
+        help="what the suffix drafter remembers across requests: nothing, each API key's own "
+        "requests (default), or every request",
+    )
+    p.add_argument(
+        "--suffix-budget",
+        type=float,
+        default=256.0,
+        help="MiB the suffix drafter's memory of earlier requests may hold (default 256)",
+    )
+    p.add_argument(
+        "--suffix-cache",
+        help="keep the suffix drafter's memory in this file across runs (read at start, "
+        "written at exit)",
     )
     p.add_argument(
         "--backend",
@@ -80,12 +99,13 @@ def _k(value: str) -> int | str:
 
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
-    """The drafters asked for: --drafter a,b; by default the n-gram drafter, plus the draft
-    model when there is one (with a fixed k, just one of them: the draft model if given)."""
+    """The drafters asked for: --drafter a,b; by default with k=auto the n-gram and suffix
+    drafters, plus the draft model when there is one; with a fixed k, the draft model if given,
+    else the n-gram drafter."""
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     elif a.k == "auto":
-        names = ["ngram", "model"] if a.draft else ["ngram"]
+        names = ["ngram", "suffix", "model"] if a.draft else ["ngram", "suffix"]
     else:
         names = ["model"] if a.draft else ["ngram"]
     from specwise.drafters import DRAFTERS
@@ -130,8 +150,21 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     _apply_pair(a)
     names = _drafter_names(a)
     target, draft = _load_models(a, need_draft="model" in names, max_sequences=max_sequences)
-    drafters = [make_drafter(n, lm=draft) if n == "model" else make_drafter(n) for n in names]
+    options = {
+        "model": {"lm": draft},
+        "suffix": {"scope": a.suffix_scope, "budget_mib": a.suffix_budget},
+    }
+    drafters = [make_drafter(n, **options.get(n, {})) for n in names]
+    if a.suffix_cache and "suffix" in names and Path(a.suffix_cache).exists():
+        next(d for d in drafters if d.name == "suffix").load(a.suffix_cache)
     return Engine(target, drafters, k=a.k, trace=trace)
+
+
+def _save_memory(a: argparse.Namespace, engine) -> None:
+    """Write the suffix drafter's memory to --suffix-cache, if both are there."""
+    d = next((d for d in engine.drafters if d.name == "suffix"), None)
+    if a.suffix_cache and d is not None:
+        d.save(a.suffix_cache)
 
 
 def _csv(convert, what: str):
@@ -198,6 +231,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
             raise UsageError(f"--sequences {a.sequences} is invalid; use an integer >= 2")
         target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences + 1)
         return run_batch_bench(target, a)
+    if a.bench_command == "suffix":
+        from specwise.bench import suffix
+
+        sizes = suffix.DEFAULT_SIZES if a.sizes is None else a.sizes
+        if not sizes or min(sizes) < 1000:
+            raise UsageError("--sizes needs token counts >= 1000, e.g. 100000,1000000")
+        out = Path(a.out) if a.out else default_out("-suffix")
+        if not a.budget > 0 or a.soak_tokens < 0:
+            raise UsageError("--budget needs MiB > 0 and --soak-tokens an integer >= 0")
+        lines = suffix.run(
+            sizes, out, a.budget, a.soak_tokens, progress=lambda s: print(s, file=sys.stderr)
+        )
+        print("\n".join(lines))
+        print(f"written to {out}", file=sys.stderr)
+        return 0
     if a.bench_command == "backend":
         from specwise.bench.backend import run_backend_bench
 
@@ -214,9 +262,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
             f"--fixed-drafter {a.fixed_drafter} names drafters not in --drafter "
             f"{','.join(drafters)}; pick among those"
         )
+    auto_sets = [
+        [n.strip() for n in s.split("+") if n.strip()] for s in (a.auto_drafters or "").split(";")
+    ]
+    auto_sets = [s for s in auto_sets if s]
+    if auto_sets and "auto" not in (a.k or ["auto"]):
+        raise UsageError("--auto-drafters needs auto among the --k values")
+    if any(set(s) - set(drafters) for s in auto_sets):
+        raise UsageError(
+            f"--auto-drafters {a.auto_drafters} names drafters not in --drafter "
+            f"{','.join(drafters)}; pick among those"
+        )
     options = Options(
         drafters=drafters,
         fixed_drafters=fixed,
+        auto_sets=auto_sets,
         ks=a.k or [2, 4, 6, 8, "auto"],
         temperatures=a.temperature,
         top_ps=a.top_p,
@@ -371,6 +431,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                 engine.step([req])
         finally:
             result = engine.finish(req)
+        _save_memory(a, engine)
     finally:
         if sink is not None:
             sink.close()
@@ -403,12 +464,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(f"--max-queue {a.max_queue} is invalid; use an integer >= 0")
     if not 0 < a.port < 65536:
         raise UsageError(f"--port {a.port} is invalid; use 1..65535")
-    api_key = a.api_key or os.environ.get("SPECWISE_API_KEY") or None
+    api_keys = a.api_key or [k for k in [os.environ.get("SPECWISE_API_KEY")] if k]
     try:
         loopback = a.host == "localhost" or ipaddress.ip_address(a.host).is_loopback
     except ValueError:
         loopback = False
-    if not loopback and api_key is None:
+    if not loopback and not api_keys:
         print(
             f"specwise: warning: serving on {a.host} without an API key; anyone who can reach "
             f"this address can use the model (set --api-key or SPECWISE_API_KEY)",
@@ -424,7 +485,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         name,
         max_batch=a.max_batch,
         max_queue=a.max_queue,
-        api_key=api_key,
+        api_keys=api_keys,
         cors_origins=a.cors or None,
     )
     print(
@@ -435,6 +496,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     try:
         uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
     finally:
+        _save_memory(a, engine)
         if sink is not None:
             sink.close()
     return 0
@@ -478,6 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--fixed-drafter",
         help="run only these drafters at the numeric k values (auto still uses every --drafter)",
+    )
+    b.add_argument(
+        "--auto-drafters",
+        help="more auto configurations beside auto over every --drafter, each over some of "
+        "them: sets separated by ';', names in a set by '+', e.g. 'ngram;suffix+model'",
     )
     b.add_argument(
         "--temperature",
@@ -524,6 +591,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     br.add_argument("folder", help="the run's --out folder")
     br.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")
+    bs = bsub.add_parser("suffix", help="the suffix drafter's memory: build, add and lookup cost")
+    bs.add_argument(
+        "--sizes",
+        type=_csv(int, "integers"),
+        help="memory sizes in tokens (default 100000,1000000,5000000,25000000: 25M tokens is "
+        "about 100 MB of text)",
+    )
+    bs.add_argument("--budget", type=float, default=64.0, help="MiB of the soak's memory (64)")
+    bs.add_argument(
+        "--soak-tokens",
+        type=int,
+        default=40_000_000,
+        help="tokens added to that memory, a request's worth at a time (40M)",
+    )
+    bs.add_argument("--out", help="output folder (default bench-results/<timestamp>-suffix)")
     bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
     bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     bl.add_argument("--model", help="model name to send (default: none, the server's)")
@@ -555,7 +637,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
-    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or SPECWISE_API_KEY)")
+    s.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="require 'Authorization: Bearer KEY' with this key (or SPECWISE_API_KEY); "
+        "repeatable: each key is a tenant whose text the suffix drafter keeps apart",
+    )
     s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
     s.add_argument("--trace", help="append every round of every request as JSON lines here")
     s.set_defaults(func=cmd_serve)

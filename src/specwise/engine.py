@@ -119,9 +119,11 @@ class Engine:
         arrival: float | None = None,
         k: int | str | None = None,
         drafter: str | None = None,
+        tenant: str | None = None,
     ) -> Request:
         """Validate a request, prefill the target (and drafters), and return it ready to step.
-        `k` and `drafter` override the engine's choice for this request only."""
+        `k` and `drafter` override the engine's choice for this request only; `tenant` names
+        whose request it is, for drafters that learn across requests (see `Drafter.begin`)."""
         arrival = time.perf_counter() if arrival is None else arrival
         self.check_override(k, drafter)
         prompt = [int(t) for t in prompt]
@@ -180,7 +182,7 @@ class Engine:
             k_req = self.k if k is None else k
             for d in self._allowed(req):
                 if k_req != 0 and (k_req != "auto" or d.cheap) and not req.done:
-                    self._drafter_call(req, d, d.begin, seq, prompt)
+                    self._drafter_call(req, d, d.begin, seq, prompt, tenant)
         except BaseException:
             self.target.release(seq)
             raise

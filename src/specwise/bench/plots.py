@@ -1,5 +1,5 @@
 """PNG plots of a bench report: speedup vs k, acceptance by draft position, time split per
-round, goodput vs temperature. Draws only what the report computed; no figures are made here."""
+round, goodput vs temperature, speedup and acceptance by request in run order. Draws only what the report computed; no figures are made here."""
 
 from __future__ import annotations
 
@@ -131,7 +131,29 @@ def goodput_vs_temperature(figures: dict, path: Path) -> None:
     _save(fig, path)
 
 
-def write_plots(figures: dict, folder: Path) -> list[Path]:
+def by_request(requests: dict, path: Path) -> None:
+    """Speedup over plain and acceptance rate of each configuration against the request's
+    place in the run: where a drafter learns from earlier requests, its line rises."""
+    samplings = list(requests)
+    fig, axes = plt.subplots(len(samplings), 2, figsize=(10, 3.2 * len(samplings)), squeeze=False)
+    for (ax_s, ax_a), sampling in zip(axes, samplings, strict=True):
+        for spec, rows in sorted(requests[sampling].items()):
+            x = [r["index"] + 1 for r in rows]
+            ax_s.plot(x, [r["speedup"] for r in rows], marker="o", ms=3, label=spec)
+            acc = [(i, r["acceptance_rate"]) for i, r in zip(x, rows, strict=True)]
+            acc = [(i, a) for i, a in acc if a is not None]
+            ax_a.plot([i for i, _ in acc], [a for _, a in acc], marker="o", ms=3, label=spec)
+        ax_s.axhline(1.0, color="black", lw=0.8)
+        ax_s.set_ylabel("speedup over plain")
+        ax_a.set_ylabel("acceptance rate")
+        for ax in (ax_s, ax_a):
+            ax.set_xlabel("request (order run)")
+            ax.set_title(sampling, fontsize=9)
+            ax.legend(fontsize=6)
+    _save(fig, path)
+
+
+def write_plots(figures: dict, folder: Path, requests: dict | None = None) -> list[Path]:
     out = []
     for name, fn in (
         ("speedup_vs_k.png", speedup_vs_k),
@@ -141,4 +163,7 @@ def write_plots(figures: dict, folder: Path) -> list[Path]:
     ):
         fn(figures, folder / name)
         out.append(folder / name)
+    if requests:
+        by_request(requests, folder / "by_request.png")
+        out.append(folder / "by_request.png")
     return out

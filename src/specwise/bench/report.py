@@ -39,7 +39,7 @@ from specwise.trace import (
     rejection_histogram,
 )
 
-__all__ = ["Report", "against_hindsight", "build"]
+__all__ = ["Report", "against_hindsight", "build", "by_request"]
 
 BOOTSTRAP = 2000
 SAMPLED_Z = 3.0  # |z| above this flags a sampled configuration's distribution
@@ -157,9 +157,12 @@ def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -
 class Report:
     """The aggregated run: figures[category][sampling][spec], plus 'all' over categories."""
 
-    def __init__(self, figures: dict, recommendation: dict, run: dict) -> None:
+    def __init__(
+        self, figures: dict, recommendation: dict, run: dict, requests: dict | None = None
+    ) -> None:
         self.figures, self.recommendation, self.run = figures, recommendation, run
         self.hindsight = against_hindsight(figures)
+        self.requests = requests or {}  # by_request: sampling -> spec -> one row per prompt
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -167,6 +170,7 @@ class Report:
             "figures": self.figures,
             "recommendation": self.recommendation,
             "auto_vs_hindsight": self.hindsight,
+            "by_request": self.requests,
         }
 
     # -- text --------------------------------------------------------------------------------
@@ -315,7 +319,7 @@ def against_hindsight(figures: dict) -> dict[str, dict[str, dict]]:
             fixed = {
                 s: f["speedup_total"]
                 for s, f in by_spec.items()
-                if s != "auto" and not s.startswith("plain") and f["speedup_total"] is not None
+                if not s.startswith(("auto", "plain")) and f["speedup_total"] is not None
             }
             best = max({"plain": 1.0, **fixed}.items(), key=lambda kv: kv[1])  # first on a tie
             out.setdefault(cat, {})[sampling] = {
@@ -392,6 +396,43 @@ def _against_baseline(figs: dict[str, dict]) -> None:
         f["speedup_vs_baseline"] = None if x is None else x / figs[base]["speedup_total"]
 
 
+def by_request(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """Per sampling and configuration, one row per prompt in the order the run met them
+    (`index`): the configuration's decode speed over plain's on that prompt and its acceptance
+    rate. Shows how a drafter that remembers earlier requests comes to pay as the run goes on."""
+    order = {
+        p: i for i, p in enumerate(dict.fromkeys((r["category"], r["prompt_id"]) for r in records))
+    }
+    groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        groups[(r["sampling"], r["category"], r["prompt_id"])][r["spec"]].append(r)
+    out: dict[str, dict[str, list[dict]]] = {}
+    for (sampling, cat, pid), by_spec in groups.items():
+        plain = by_spec.get("plain")
+        if not plain:
+            continue
+        for spec, recs in by_spec.items():
+            if spec == "plain":
+                continue
+            s = [r["summary"] for r in recs]
+            out.setdefault(sampling, {}).setdefault(spec, []).append(
+                {
+                    "index": order[(cat, pid)],
+                    "prompt_id": pid,
+                    "speedup": _rate(recs) / _rate(plain),
+                    "acceptance_rate": (
+                        sum(x["accepted"] for x in s) / sum(x["proposed"] for x in s)
+                        if sum(x["proposed"] for x in s)
+                        else None
+                    ),
+                }
+            )
+    for by_spec in out.values():
+        for rows in by_spec.values():
+            rows.sort(key=lambda row: row["index"])
+    return out
+
+
 def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
     """Aggregate request records and round records into a Report."""
     fields = set(RoundTrace.__dataclass_fields__)
@@ -419,4 +460,4 @@ def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
             _against_baseline(figs)
             figures.setdefault(cat, {})[sampling] = figs
             recommendation.setdefault(cat, {})[sampling] = _recommend(figs)
-    return Report(figures, recommendation, run)
+    return Report(figures, recommendation, run, by_request(records))

@@ -13,6 +13,12 @@ equivalence checks run outside the timed part:
 - sampled: the target's mean log-probability (temperature 1) of the generated tokens, paired
   by prompt against plain; its difference must be within noise if the distribution is exact.
 
+A drafter that remembers earlier requests (suffix) learns from the run's earlier prompts, as
+it would in use, but never from its own prompt: not from the warm-up, not from another repeat
+or sampling setting of the same prompt. Each sampling setting has a memory of its own, as if
+it were a run of its own: every repeat of a prompt starts from that memory as it was after the
+setting's previous prompt.
+
 This module runs and records; `report` computes and presents the figures.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,14 +55,16 @@ BASELINE = "plain on "  # + backend: plain decoding of the same model on another
 
 @dataclass(frozen=True)
 class Config:
-    drafter: str  # "plain", a drafter name, or "auto" (the controller over all drafters)
+    # "plain", a drafter name, "auto" (the controller over all drafters) or "auto[a+b]" (the
+    # controller over drafters a and b only)
+    drafter: str
     k: int | str  # 0 for plain, a fixed k, or "auto"
     temperature: float
     top_p: float
 
     @property
     def spec(self) -> str:
-        if self.drafter == "plain" or self.drafter.startswith(BASELINE):
+        if self.drafter == "plain" or self.drafter.startswith((BASELINE, "auto[")):
             return self.drafter
         return "auto" if self.k == "auto" else f"{self.drafter} k={self.k}"
 
@@ -73,6 +82,7 @@ class Options:
     drafters: list[str] = field(default_factory=lambda: ["model", "ngram"])
     ks: list[int | str] = field(default_factory=lambda: [2, 4, 6, 8, "auto"])
     fixed_drafters: list[str] | None = None  # drafters run at the fixed k's (None: all)
+    auto_sets: list[list[str]] = field(default_factory=list)  # more auto engines, over these
     temperatures: list[float] | None = None  # None: each category's default
     top_ps: list[float] | None = None
     max_tokens: int = 128
@@ -110,6 +120,10 @@ class Runner:
             # it still learns from request to request within the run, as a server would.
             drafters = [self._drafter(n) for n in options.drafters]
             self.engines["auto"] = Engine(target, drafters, k="auto", remember=False)
+            for names in options.auto_sets:
+                self.engines[f"auto[{'+'.join(names)}]"] = Engine(
+                    target, [self._drafter(n) for n in names], k="auto", remember=False
+                )
 
     def _drafter(self, name: str):
         return make_drafter(name, lm=self._draft_lm) if name == "model" else make_drafter(name)
@@ -126,7 +140,8 @@ class Runner:
             for p in top_ps if t > 0 else [1.0]:
                 for spec in self.engines:
                     drafter, _, k = spec.partition(" k=")
-                    k_val: int | str = int(k) if k else ("auto" if spec == "auto" else 0)
+                    auto = spec == "auto" or spec.startswith("auto[")
+                    k_val: int | str = int(k) if k else ("auto" if auto else 0)
                     out.append(Config(drafter, k_val, t, p))
         return out
 
@@ -148,9 +163,22 @@ class Runner:
             return render(self.target.tokenizer, prompt.turns, self._replies(prompt))
         return render(self.target.tokenizer, prompt.turns[:1])
 
+    def _memories(self) -> list[tuple[Any, Any]]:
+        """(drafter, its memory now) for each drafter that remembers earlier requests (it has
+        `snapshot` and `restore`)."""
+        return [
+            (d, d.snapshot())
+            for eng in self.engines.values()
+            for d in eng.drafters
+            if hasattr(d, "snapshot")
+        ]
+
     def warm_up(self, ids: list[int]) -> None:
+        memories = self._memories()
         for eng in self.engines.values():
             eng.generate(ids, SamplingParams(max_tokens=8))
+        for d, state in memories:
+            d.restore(state)
         self.noise = numeric_noise(self.target, ids)
         self.near_tie = NEAR_TIE_FACTOR * self.noise["top2_gap"]
 
@@ -166,9 +194,14 @@ class Runner:
             ids = self.prompt_ids(prompt)
             if pi == 0:
                 self.warm_up(ids)
+                start = self._memories()
+                lineage: dict[str, list] = {}  # sampling -> memories after its last prompt
+            before = dict(lineage)
             for rep in range(opts.repeats):
                 configs = self.configs(prompt.category)
                 for sampling in dict.fromkeys(c.sampling for c in configs):
+                    for d, state in before.get(sampling, start):
+                        d.restore(state)
                     group = [c for c in configs if c.sampling == sampling]
                     shift = (pi + rep) % len(group)
                     group = group[shift:] + group[:shift]  # rotate the order
@@ -184,6 +217,7 @@ class Runner:
                         results[cfg] = res
                         if progress:
                             progress(1)
+                    lineage[sampling] = self._memories()
                     self._check_and_emit(prompt, rep, ids, results, on_request)
 
     def _check_and_emit(self, prompt, rep, ids, results, on_request) -> None:

@@ -139,7 +139,7 @@ def publish(
     JSON line (it is in summary.json either way)."""
     report = build(records, rounds, run)
     report.write(out)
-    plots = write_plots(report.figures, out)
+    plots = write_plots(report.figures, out, report.requests)
     print(report.table(), file=stream)
     failed = [
         f"{cat} · {s} · {spec}"

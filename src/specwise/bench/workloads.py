@@ -49,6 +49,11 @@ CATEGORIES: dict[str, Category] = {
         Category("translation", "translate a paragraph between languages", 0.0),
         Category("math", "word problems, step by step", 0.0),
         Category("creative", "stories, poems, letters", 1.0, 0.95),
+        Category(
+            "repeated",
+            "the same schema, function or file again with a new input or instruction",
+            0.0,
+        ),
     )
 }
 

@@ -4,6 +4,7 @@
 from specwise.drafters.base import DRAFTERS, Draft, Drafter, make_drafter, register
 from specwise.drafters.model import ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
+from specwise.drafters.suffix import SuffixDrafter
 
 __all__ = [
     "DRAFTERS",
@@ -11,6 +12,7 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "NgramDrafter",
+    "SuffixDrafter",
     "make_drafter",
     "register",
 ]

@@ -42,7 +42,7 @@ class ModelDrafter:
         self.note = check_same_vocab(target, self.lm)
         self.width = target.vocab_size
 
-    def begin(self, seq: int, prompt: Sequence[int]) -> None:
+    def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
         if len(prompt) > self.lm.context_length:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens; the draft model's context holds "

@@ -10,19 +10,14 @@ tokenizer; it learns nothing across requests.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from specwise.backends.base import LM
-from specwise.drafters.base import Draft, KeepGoing, register
+from specwise.drafters.base import Draft, KeepGoing, measure_cheap, register
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["NgramDrafter"]
-
-_GREEDY = SamplingParams()
 
 
 @dataclass
@@ -52,7 +47,7 @@ class NgramDrafter:
     def bind(self, target: LM) -> None:
         return None
 
-    def begin(self, seq: int, prompt: Sequence[int]) -> None:
+    def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
         self._seqs[seq] = _Index()
 
     def _update(self, ix: _Index, context: Sequence[int]) -> None:
@@ -107,13 +102,4 @@ class NgramDrafter:
         return 0
 
     def measure_cost(self) -> tuple[float, float]:
-        rng = np.random.default_rng(0)
-        context = [int(t) for t in rng.integers(0, 50, size=2000)]
-        seq = -3  # never an engine sequence
-        self.begin(seq, context)
-        self.propose(seq, context[:1499], 8, _GREEDY, None)  # index the context first
-        t = time.perf_counter()
-        for i in range(20):
-            self.propose(seq, context[: 1500 + i], 8, _GREEDY, None)
-        self.end(seq)
-        return (time.perf_counter() - t) * 1000.0 / (20 * 8), 0.0
+        return measure_cheap(self)

@@ -3,19 +3,21 @@
 
 Requests are validated by `protocol`, queued on the `Scheduler` (HTTP 429 with Retry-After when
 the queue is full), and streamed back as the scheduler publishes text. A client that goes away
-is cancelled, which releases its caches at once. With an API key, every /v1 route needs
-`Authorization: Bearer KEY`. Bad input of any kind gets a 4xx with an OpenAI-style error body;
+is cancelled, which releases its caches at once. With API keys, every /v1 route needs
+`Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that learn across
+requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an OpenAI-style error body;
 nothing reaches the client as a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -42,7 +44,7 @@ def create_app(
     *,
     max_batch: int = 4,
     max_queue: int = 64,
-    api_key: str | None = None,
+    api_keys: Sequence[str] = (),
     cors_origins: list[str] | None = None,
     max_body_bytes: int = 4 << 20,
 ) -> FastAPI:
@@ -65,9 +67,13 @@ def create_app(
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if request.url.path.startswith("/v1") and api_key is not None:
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+        request.state.tenant = None
+        if request.url.path.startswith("/v1") and api_keys:
+            got = request.headers.get("authorization", "").encode()
+            key = next(
+                (k for k in api_keys if hmac.compare_digest(got, f"Bearer {k}".encode())), None
+            )
+            if key is None:
                 return _error(
                     ApiError(
                         401,
@@ -76,6 +82,7 @@ def create_app(
                         code="invalid_api_key",
                     )
                 )
+            request.state.tenant = hashlib.sha256(key.encode()).hexdigest()[:16]
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
             return _error(
@@ -125,6 +132,7 @@ def create_app(
                 asyncio.get_running_loop(),
                 k=req.k,
                 drafter=req.drafter,
+                tenant=request.state.tenant,
             )
             try:
                 state["scheduler"].submit(job)

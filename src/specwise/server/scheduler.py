@@ -42,6 +42,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     k: int | str | None = None
     drafter: str | None = None
+    tenant: str | None = None  # whose request (a hash of its API key); None without keys
     arrival: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
@@ -131,6 +132,7 @@ class Scheduler:
                 arrival=job.arrival,
                 k=job.k,
                 drafter=job.drafter,
+                tenant=job.tenant,
             )
         except ValueError as exc:
             self.metrics.requests.labels("rejected").inc()
