@@ -304,6 +304,7 @@ def test_each_api_key_is_a_tenant_of_the_suffix_memory(engine):
         assert len(drafter.memories) == 1
         (tenant,) = drafter.memories
         assert "alpha" not in tenant and drafter.memories[tenant].documents == 1
+        assert c.get("/health").json()["suffix_memory_bytes"] > 0
         again = ask("alpha")  # the same request again: drafted from memory
         other = ask("beta")  # the same request from another tenant: not
         assert len(drafter.memories) == 2

@@ -96,7 +96,11 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model_name, **state["scheduler"].load}
+        out = {"status": "ok", "model": model_name, **state["scheduler"].load}
+        for d in engine.drafters:
+            if d.name == "suffix":
+                out["suffix_memory_bytes"] = sum(m.nbytes for m in d.memories.values())
+        return out
 
     @app.get("/metrics")
     async def prometheus() -> Response:
