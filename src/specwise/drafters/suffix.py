@@ -148,7 +148,7 @@ class SuffixDrafter:
         saved = str(data.get("scope", ""))
         if saved != self.scope:
             raise ValueError(
-                f"{path} holds a suffix memory of scope {saved!r}; this server uses "
+                f"{path} holds a suffix memory of scope {saved!r}; this one is set to "
                 f"{self.scope!r} (use --suffix-scope {saved} or another file)"
             )
         i = 0
