@@ -142,6 +142,16 @@ def test_scopes_keep_tenants_apart(scope, b_sees_a, kept):
     assert draft_for["b"] == ([8, 9, 10] if b_sees_a else [])
 
 
+def test_tenants_share_one_budget():
+    d = SuffixDrafter(scope="key", budget_mib=0.02)  # 20,971 bytes
+    for i in range(12):
+        for tenant in ("a", "b"):
+            d.begin(0, list(range(1000 * i, 1000 * i + 300)), tenant)
+            d.end(0)
+        assert sum(m.nbytes for m in d.memories.values()) <= 20_971
+    assert all(m.documents for m in d.memories.values())  # neither tenant was wiped out
+
+
 def test_bad_options_are_one_clear_sentence():
     with pytest.raises(ValueError, match="scope 'tenant' is unknown"):
         SuffixDrafter(scope="tenant")

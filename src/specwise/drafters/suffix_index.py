@@ -228,10 +228,6 @@ class SuffixIndex:
         return sum(s.nbytes for s in self._segments)
 
     @property
-    def tokens(self) -> int:
-        return sum(len(s.text) - 1 - len(s.docs) for s in self._segments)
-
-    @property
     def documents(self) -> int:
         return sum(len(s.docs) for s in self._segments)
 
