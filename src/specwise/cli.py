@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.backends import BACKENDS
+from specwise.drafters.suffix import SCOPES
 from specwise.sampling import SamplingParams
 
 __all__ = ["main"]
@@ -56,7 +57,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--suffix-scope",
-        choices=["request", "key", "global"],
+        choices=SCOPES,
         default="key",
         help="what the suffix drafter remembers across requests: nothing, each API key's own "
         "requests (default), or every request",
@@ -237,9 +238,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         sizes = suffix.DEFAULT_SIZES if a.sizes is None else a.sizes
         if not sizes or min(sizes) < 1000:
             raise UsageError("--sizes needs token counts >= 1000, e.g. 100000,1000000")
-        out = Path(a.out) if a.out else default_out("-suffix")
         if not a.budget > 0 or a.soak_tokens < 0:
             raise UsageError("--budget needs MiB > 0 and --soak-tokens an integer >= 0")
+        out = Path(a.out) if a.out else default_out("-suffix")
         lines = suffix.run(
             sizes, out, a.budget, a.soak_tokens, progress=lambda s: print(s, file=sys.stderr)
         )
@@ -257,22 +258,22 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.k = a.k or [4, "auto"]
     drafters = a.drafter.split(",") if a.drafter else ["model", "ngram"]
     fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
-    if fixed and set(fixed) - set(drafters):
-        raise UsageError(
-            f"--fixed-drafter {a.fixed_drafter} names drafters not in --drafter "
-            f"{','.join(drafters)}; pick among those"
-        )
+
+    def among_drafters(flag: str, value: str, names: list[str]) -> None:
+        if set(names) - set(drafters):
+            raise UsageError(
+                f"{flag} {value} names drafters not in --drafter {','.join(drafters)}; "
+                f"pick among those"
+            )
+
+    among_drafters("--fixed-drafter", a.fixed_drafter, fixed or [])
     auto_sets = [
         [n.strip() for n in s.split("+") if n.strip()] for s in (a.auto_drafters or "").split(";")
     ]
     auto_sets = [s for s in auto_sets if s]
     if auto_sets and "auto" not in (a.k or ["auto"]):
         raise UsageError("--auto-drafters needs auto among the --k values")
-    if any(set(s) - set(drafters) for s in auto_sets):
-        raise UsageError(
-            f"--auto-drafters {a.auto_drafters} names drafters not in --drafter "
-            f"{','.join(drafters)}; pick among those"
-        )
+    among_drafters("--auto-drafters", a.auto_drafters, [n for s in auto_sets for n in s])
     options = Options(
         drafters=drafters,
         fixed_drafters=fixed,

@@ -414,17 +414,14 @@ def by_request(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
         for spec, recs in by_spec.items():
             if spec == "plain":
                 continue
-            s = [r["summary"] for r in recs]
+            proposed = sum(r["summary"]["proposed"] for r in recs)
+            accepted = sum(r["summary"]["accepted"] for r in recs)
             out.setdefault(sampling, {}).setdefault(spec, []).append(
                 {
                     "index": order[(cat, pid)],
                     "prompt_id": pid,
                     "speedup": _rate(recs) / _rate(plain),
-                    "acceptance_rate": (
-                        sum(x["accepted"] for x in s) / sum(x["proposed"] for x in s)
-                        if sum(x["proposed"] for x in s)
-                        else None
-                    ),
+                    "acceptance_rate": accepted / proposed if proposed else None,
                 }
             )
     for by_spec in out.values():

@@ -29,10 +29,15 @@ QUERIES = 200
 VOCAB = 151_936
 
 
+def _text(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n tokens drawn from a Zipf law over VOCAB."""
+    return (rng.zipf(1.1, size=n) % VOCAB).astype(np.int32)
+
+
 def measure(tokens: int, seed: int = 0) -> dict:
     """Build a memory of `tokens` tokens and time its operations."""
     rng = np.random.default_rng(seed)
-    text = (rng.zipf(1.1, size=tokens) % VOCAB).astype(np.int32)
+    text = _text(rng, tokens)
     lengths = np.full(max(1, tokens // DOC_TOKENS), DOC_TOKENS, np.int64)
     lengths[-1] += tokens - int(lengths.sum())
     mem = SuffixIndex(budget_bytes=1 << 40)
@@ -52,7 +57,7 @@ def measure(tokens: int, seed: int = 0) -> dict:
         misses.append(timed(rng.integers(0, VOCAB, 64).tolist()))
     adds = []
     for _ in range(5):
-        doc = (rng.zipf(1.1, size=DOC_TOKENS) % VOCAB).astype(np.int32)
+        doc = _text(rng, DOC_TOKENS)
         t = time.perf_counter()
         mem.add(doc)
         adds.append((time.perf_counter() - t) * 1e3)
@@ -84,7 +89,7 @@ def soak(budget_mib: float, total_tokens: int, seed: int = 1) -> list[dict]:
     rows, added, step = [], 0, total_tokens // 10
     t = time.perf_counter()
     while added < total_tokens:
-        doc = (rng.zipf(1.1, size=DOC_TOKENS) % VOCAB).astype(np.int32)
+        doc = _text(rng, DOC_TOKENS)
         mem.add(doc)
         added += DOC_TOKENS
         if added % step < DOC_TOKENS:

@@ -96,8 +96,10 @@ class SuffixDrafter:
     def end(self, seq: int) -> None:
         live = self._live.pop(seq, None)
         tenant = self._tenant.pop(seq, "")
+        if live is None or seq < 0:  # not begun; negative ids: the engine's own checks
+            return
         mem = self._memory(tenant)
-        if live is None or mem is None or seq < 0:  # negative ids: the engine's own checks
+        if mem is None:
             return
         mem.add(live.tokens)
         total = sum(m.nbytes for m in self.memories.values())
