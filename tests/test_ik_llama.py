@@ -86,7 +86,7 @@ def test_a_library_that_dies_in_the_probe_falls_back_to_llama_cpp(
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     calls = []
 
-    def dying_child(model, flash_attn, batched):
+    def dying_child(model, flash_attn, batched, exact):
         calls.append(flash_attn)
         return ik_llama._verdict(-4, "", "Illegal instruction")
 
@@ -188,7 +188,9 @@ def test_ik_serves_one_sequence_per_context_where_its_batched_probe_fails(
     one on ik_llama, and a forced ik_llama with several refuses."""
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     monkeypatch.setattr(
-        ik_llama, "_probe_child", lambda model, fa, batched: "logits differ" if batched else None
+        ik_llama,
+        "_probe_child",
+        lambda model, fa, batched, exact: "logits differ" if batched else None,
     )
     flat = CostCurve({1: 50.0, 4: 60.0, 16: 200.0})
     steep = CostCurve({1: 70.0, 4: 240.0, 16: 700.0})

@@ -53,6 +53,7 @@ class ToyLM:
         self.eos_token_ids = frozenset(eos)
         self.tokenizer = None
         self.info = BackendInfo("toy", f"toy-{seed}", 1, f"toy-{seed}")
+        self.exact = True  # every row is a function of its own prefix
         self.caches: dict[int, list[int]] = {}
         self.calls = 0
 

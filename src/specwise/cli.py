@@ -81,6 +81,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "fastest on this machine (ik_llama or llama_cpp)",
     )
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: cores)")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="bit-exact mode: greedy output equals plain one-request decoding bit for bit, "
+        "whatever the drafter, k or other requests (GGUF on ik_llama, or torch; slower)",
+    )
 
 
 def _k(value: str) -> int | str:
@@ -137,7 +143,7 @@ def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 1
     if not a.target:
         raise UsageError("--target is required (a catalog name, a .gguf file or a HF folder)")
     draft = a.draft if need_draft else None
-    return load_pair(a.target, draft, a.backend, a.threads, max_sequences)
+    return load_pair(a.target, draft, a.backend, a.threads, max_sequences, exact=a.exact)
 
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
@@ -309,10 +315,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         "backend": target.info.backend,
     }
     baseline = None
-    if target.info.backend == "ik_llama" and not a.no_baseline:
+    if not a.no_baseline and (a.exact or target.info.backend == "ik_llama"):
         from specwise.backends import load_pair
 
-        baseline, _ = load_pair(target.info.model, None, "llama_cpp", a.threads, 1)
+        # Exact mode: the same target in the default mode, for what exactness costs; else
+        # mainline llama.cpp, for what ik_llama gains.
+        other = a.backend if a.exact else "llama_cpp"
+        baseline, _ = load_pair(target.info.model, None, other, a.threads, 1)
     run_bench(target, draft, prompts, options, out, info, json_line=a.json, baseline=baseline)
     return 0
 
@@ -565,7 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--no-baseline",
         action="store_true",
-        help="on ik_llama, leave out plain decoding on mainline llama.cpp (run by default)",
+        help="leave out the baseline run by default: plain decoding on mainline llama.cpp "
+        "(target on ik_llama), or in the default mode (with --exact)",
     )
     b.add_argument(
         "--quick",

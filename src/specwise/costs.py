@@ -129,9 +129,11 @@ def machine() -> str:
 
 
 def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
-    """Identifies a measurement: machine, target weights, backend, threads, drafters."""
+    """Identifies a measurement: machine, target weights, backend, threads, exact mode,
+    drafters."""
     info = target.info
     parts = [machine(), f"{info.backend}:{info.fingerprint}:{info.threads}"]
+    parts += ["exact"] if info.exact else []
     parts += sorted(d.fingerprint for d in drafters)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 

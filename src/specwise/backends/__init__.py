@@ -34,11 +34,13 @@ def load_pair(
     backend: str | None = None,
     threads: int | None = None,
     max_sequences: int = 4,
+    exact: bool = False,
 ) -> tuple[LM, LM | None]:
     """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
     on torch, a GGUF file on the backend measured best for the target on this machine (the
     draft, probed too, runs on the same one). max_sequences: sequences one llama.cpp context
-    serves at once."""
+    serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
+    ik_llama once its probe found it exact on this machine (ValueError where it cannot be)."""
     if backend is not None and backend not in (*BACKENDS, "auto"):
         raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
     paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
@@ -61,17 +63,33 @@ def load_pair(
                 print(f"specwise: using llama_cpp instead of ik_llama: {why}", file=sys.stderr)
                 kind = "llama_cpp"
                 break
+    kinds = ["torch" if p.is_dir() and backend in (None, "auto") else kind for p in paths]
+    if exact and kinds[0] != "torch":
+        kinds[0] = _exact_gguf(paths[0], backend, max_sequences)
     lms = [
-        _open(
-            p,
-            "torch" if p.is_dir() and backend in (None, "auto") else kind,
-            threads,
-            max_sequences,
-            flash,
-        )
-        for p in paths
+        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0)
+        for i, (p, k) in enumerate(zip(paths, kinds, strict=True))
     ]
     return lms[0], (lms[1] if draft else None)
+
+
+def _exact_gguf(path: Path, backend: str | None, max_sequences: int) -> str:
+    """The backend of an exact-mode GGUF target, once its probe passed; else ValueError."""
+    from specwise.backends import ik_llama
+
+    if backend not in (None, "auto", "ik_llama"):
+        raise ValueError(
+            f"--exact runs GGUF models on ik_llama, not {backend}: mainline llama.cpp's "
+            f"multi-token kernels round a row differently from a one-token forward"
+        )
+    if not ik_llama.available():
+        raise ValueError(
+            f"--exact needs the ik_llama backend for GGUF models: {ik_llama.UNAVAILABLE}"
+        )
+    why = ik_llama.probe(path, False, max_sequences > 1, exact=True)
+    if why is not None:
+        raise ValueError(f"--exact cannot run {path.name} here: {why}")
+    return "ik_llama"
 
 
 def load(
@@ -79,22 +97,34 @@ def load(
     backend: str | None = None,
     threads: int | None = None,
     max_sequences: int = 4,
+    exact: bool = False,
 ) -> LM:
     """An LM for `model` (a path or a catalog name), as `load_pair` loads a target."""
-    return load_pair(model, None, backend, threads, max_sequences)[0]
+    return load_pair(model, None, backend, threads, max_sequences, exact)[0]
 
 
 def _open(
-    path: Path, backend: str, threads: int | None, max_sequences: int, flash: dict[Path, bool]
+    path: Path,
+    backend: str,
+    threads: int | None,
+    max_sequences: int,
+    flash: dict[Path, bool],
+    exact: bool = False,
 ) -> LM:
     if backend == "torch":
         from specwise.backends.torch_hf import TorchLM
 
-        return TorchLM(path)
+        return TorchLM(path, exact=exact)
     if backend == "ik_llama":
         from specwise.backends.ik_llama import IkLlamaLM
 
-        return IkLlamaLM(path, threads=threads, max_sequences=max_sequences, flash_attn=flash[path])
+        return IkLlamaLM(
+            path,
+            threads=threads,
+            max_sequences=max_sequences,
+            flash_attn=flash.get(path, False),
+            exact=exact,
+        )
     from specwise.backends.llama_cpp import LlamaCppLM
 
     return LlamaCppLM(path, threads=threads, max_sequences=max_sequences)

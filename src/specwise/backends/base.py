@@ -32,6 +32,7 @@ class BackendInfo:
     model: str  # where the weights came from (path, catalog name or "in-memory")
     threads: int | None
     fingerprint: str  # identifies the weights; keys cached measurements
+    exact: bool = False  # logits depend on a sequence's tokens alone, bit for bit (`LM.exact`)
 
 
 @runtime_checkable
@@ -52,6 +53,7 @@ class LM(Protocol):
     eos_token_ids: frozenset[int]
     tokenizer: Tokenizer | None
     info: BackendInfo
+    exact: bool  # a row's logits do not depend on the call's shape or other sequences, bit for bit
 
     def forward(
         self,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specwise.backends import ik_api
 from specwise.backends.base import file_fingerprint
-from specwise.backends.llama_cpp import LlamaCppLM, route_log
+from specwise.backends.llama_cpp import EXACT_WIDTH, LlamaCppLM, one_pass_each, route_log
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
 
@@ -64,14 +64,21 @@ def available() -> bool:
 
 class IkLlamaLM(LlamaCppLM):
     """IkLlamaLM(path, threads=None, context_length=4096, max_sequences=4, flash_attn=False,
-    repack=True). Flash attention is off unless asked for: turn it on where
-    `usable_flash_attn` says it runs (`specwise.backends.load_pair` does)."""
+    repack=True, exact=False). Flash attention is off unless asked for: turn it on where
+    `usable_flash_attn` says it runs (`specwise.backends.load_pair` does). exact=True: a
+    context per sequence, no repacking, no flash attention (`LlamaCppLM`'s exact mode); check
+    it with `probe(..., exact=True)` before trusting it on a machine."""
 
     backend = "ik_llama"
+    exact_capable = True
 
-    def __init__(self, path, *, flash_attn: bool = False, repack: bool = True, **kw) -> None:
-        self.flash_attn, self.repack = flash_attn, repack
-        super().__init__(path, **kw)
+    def __init__(
+        self, path, *, flash_attn: bool = False, repack: bool = True, exact: bool = False, **kw
+    ) -> None:
+        # Exact mode: repacked weights are multiplied by other kernels for one row than for
+        # several, and flash attention's kernel differs with the number of queries.
+        self.flash_attn, self.repack = flash_attn and not exact, repack and not exact
+        super().__init__(path, exact=exact, **kw)
 
     def _library(self):
         return _ik()
@@ -86,7 +93,7 @@ class IkLlamaLM(LlamaCppLM):
         cparams.flash_attn = self.flash_attn
 
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
-        return self._lib.llama_kv_cache_seq_rm(self._ctx, slot, p0, p1)
+        return self._lib.llama_kv_cache_seq_rm(*self._cell(slot), p0, p1)
 
     def _compact(self) -> None:
         """Nothing to do: one shared cache, so a free slot costs no pass."""
@@ -95,6 +102,8 @@ class IkLlamaLM(LlamaCppLM):
         """One pass per n_ubatch tokens, whatever the call's shape: (sequences, tokens each)
         where every sequence brings the same number, else (1, tokens in the pass), which
         the cost model prices as that many tokens of one sequence."""
+        if self.exact:
+            return one_pass_each(calls, EXACT_WIDTH)
         counts = [n for _, n in calls if n > 0]
         total = sum(counts)
         if len(counts) > 1 and len(set(counts)) == 1 and total <= self._n_ubatch:
@@ -104,26 +113,28 @@ class IkLlamaLM(LlamaCppLM):
         ]
 
 
-def _probe_key(model: Path, flash_attn: bool, batched: bool) -> str:
+def _probe_key(model: Path, flash_attn: bool, batched: bool, exact: bool) -> str:
     import hashlib
 
     from specwise.costs import machine
 
     parts = [machine(), ik_api.library_id(), f"probe {PROBE_VERSION}", file_fingerprint(model)]
-    parts.append(f"fa={flash_attn}:{batched}")
+    parts.append(f"fa={flash_attn}:{batched}" + (":exact" if exact else ""))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
-def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = False) -> str | None:
+def probe(
+    model: str | os.PathLike, flash_attn: bool = True, batched: bool = False, exact: bool = False
+) -> str | None:
     """None when ik_llama.cpp runs `model` on this machine with these settings, else why not
     (one sentence). batched: also calls over several sequences at once (a context with
-    max_sequences > 1). The first answer for a machine, library, model and settings comes from
+    max_sequences > 1). exact: in exact mode, where logits must agree bit for bit. The first answer for a machine, library, model and settings comes from
     a child process (seconds, once); later ones from $SPECWISE_HOME/probes."""
     from specwise.models import home, save_json
 
     model = Path(model)
     try:
-        key = _probe_key(model, flash_attn, batched)
+        key = _probe_key(model, flash_attn, batched, exact)
     except ik_api.IkLibraryError as exc:
         return str(exc)
     path = home() / "probes" / f"{key}.json"
@@ -134,10 +145,10 @@ def probe(model: str | os.PathLike, flash_attn: bool = True, batched: bool = Fal
     print(
         f"specwise: checking that ik_llama.cpp runs {model.name} correctly on this CPU "
         f"({'several sequences' if batched else 'one sequence'}, flash attention "
-        f"{'on' if flash_attn else 'off'}; once)...",
+        f"{'on' if flash_attn else 'off'}{', exact mode' if exact else ''}; once)...",
         file=sys.stderr,
     )
-    problem = _probe_child(model, flash_attn, batched)
+    problem = _probe_child(model, flash_attn, batched, exact)
     save_json(path, {"problem": problem, "model": str(model)})
     return problem
 
@@ -154,10 +165,11 @@ def usable_flash_attn(model: str | os.PathLike, batched: bool) -> bool | None:
     return False if probe(model, False, batched) is None else None
 
 
-def _probe_child(model: Path, flash_attn: bool, batched: bool) -> str | None:
+def _probe_child(model: Path, flash_attn: bool, batched: bool, exact: bool) -> str | None:
     cmd = [sys.executable, "-m", "specwise.backends.ik_llama", str(model)]
     cmd += [] if flash_attn else ["--no-flash-attn"]
     cmd += ["--batched"] if batched else []
+    cmd += ["--exact"] if exact else []
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -192,13 +204,20 @@ def _probe_main(argv: Sequence[str]) -> int:
       the logits of n one-token forwards (every row correlated >= AGREE), for n = 4, 16, 40;
       then a second request after the first was released;
     - batched, besides: a sequence's logits must not depend on another sequence in the cache,
-      alone or in the same call.
+      alone or in the same call;
+    - exact (`--exact`, in exact mode): every one of those rows must agree bit for bit (a
+      forward of 40 tokens runs in passes of EXACT_WIDTH there).
     Exit code 3 and one line on stderr where logits disagree."""
     import numpy as np
 
     path, flash_attn, batched = argv[0], "--no-flash-attn" not in argv, "--batched" in argv
+    exact = "--exact" in argv
     lm = IkLlamaLM(
-        path, context_length=2048, max_sequences=2 if batched else 1, flash_attn=flash_attn
+        path,
+        context_length=2048,
+        max_sequences=2 if batched else 1,
+        flash_attn=flash_attn,
+        exact=exact,
     )
     hi = min(lm.vocab_size, 5000)
     prompt = [10 + (i * 7919) % (hi - 10) for i in range(1100)]
@@ -222,6 +241,14 @@ def _probe_main(argv: Sequence[str]) -> int:
         checks["a sequence in one call with another"] = (both[1], solo)
     lm.close()
     for what, (got, want) in checks.items():
+        if exact and not np.array_equal(got, want):
+            bad = int(np.sum(np.any(got != want, axis=-1)))
+            print(
+                f"error: exact mode is not exact here: {what} differ in {bad} of {len(got)} "
+                f"logits rows from one-token forwards or from the sequence alone",
+                file=sys.stderr,
+            )
+            return 3
         low = _agree(got, want)
         if not low >= AGREE:
             print(

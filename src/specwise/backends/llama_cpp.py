@@ -19,6 +19,16 @@ Tokenizer and chat template come from the GGUF file. This module does no samplin
 The extra weight buffers (AMX, CPU repacking) are used unless the build has llama.cpp's AMX
 kernels compiled in: those die with SIGILL on some machines that report AMX, so such a build is
 loaded without extra buffers unless `extra_buffers=True` says otherwise.
+
+Exact mode (`exact=True`, on a library whose class sets `exact_capable`): every slot gets a
+context of its own and the kernels that make a row depend on the call's shape are left out
+(`_model_params`), so a sequence's logits depend on its tokens alone, bit for bit: not on how
+many tokens a call brings nor on the other sequences. A batch then runs as one pass per
+sequence, and a sequence's tokens in passes of at most EXACT_WIDTH where every row is asked for
+(ik_llama's matrix kernels take another path from 32 rows on; the probe checks the widths
+specwise uses; a prefill, `last_only`, is one call in every mode). Mainline llama.cpp is not exact_capable: its multi-token kernels (the flash
+attention of 8 or more queries, attention without flash attention, the repacked weights)
+round a row differently from a one-token forward (BENCHMARKS.md §7).
 """
 
 from __future__ import annotations
@@ -42,9 +52,17 @@ from specwise.backends.base import (
     file_fingerprint,
 )
 
-__all__ = ["LlamaCppLM", "LlamaTokenizer", "build_has_amx", "equal_passes", "system_info"]
+__all__ = [
+    "LlamaCppLM",
+    "LlamaTokenizer",
+    "build_has_amx",
+    "equal_passes",
+    "one_pass_each",
+    "system_info",
+]
 
 _lib = None
+EXACT_WIDTH = 16  # most tokens of one sequence per pass in exact mode (module docstring)
 _log_lock = threading.Lock()
 _last_errors: list[str] = []
 _callbacks: list = []
@@ -187,6 +205,7 @@ class LlamaCppLM:
     llama.cpp library overrides; the rest (slots, batches, logits rows, rollback) is shared."""
 
     backend = "llama_cpp"
+    exact_capable = False  # whether `exact=True` is offered (module docstring)
 
     def __init__(
         self,
@@ -197,9 +216,16 @@ class LlamaCppLM:
         max_sequences: int = 4,
         n_batch: int = 512,
         extra_buffers: bool | None = None,
+        exact: bool = False,
     ) -> None:
         path = Path(path)
         _check_gguf(path)
+        if exact and not self.exact_capable:
+            raise ValueError(
+                f"exact mode is not available on {self.backend}: its multi-token kernels round "
+                f"a row differently from a one-token forward; use the ik_llama backend"
+            )
+        self.exact = exact
         if threads is not None and threads < 1:
             raise ValueError(f"threads = {threads} is invalid; use an integer >= 1")
         if max_sequences < 1:
@@ -218,18 +244,24 @@ class LlamaCppLM:
         train_ctx = lib.llama_model_n_ctx_train(self._model)
         per_seq = min(context_length or train_ctx, train_ctx)
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = per_seq * max_sequences
+        shared = 1 if exact else max_sequences  # sequences per context
+        cparams.n_ctx = per_seq * shared
         cparams.n_batch = n_batch
         cparams.n_ubatch = min(n_batch, 512)
-        cparams.n_seq_max = max_sequences
+        cparams.n_seq_max = shared
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         self._context_params(cparams)
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            lib.llama_model_free(self._model)
-            why = last_errors() or "out of memory?"
-            raise ValueError(f"{self.backend} could not create a context for {str(path)!r}: {why}")
+        self._ctxs: list = []
+        for _ in range(max_sequences // shared):
+            ctx = lib.llama_init_from_model(self._model, cparams)
+            if not ctx:
+                self.close()
+                why = last_errors() or "out of memory?"
+                raise ValueError(
+                    f"{self.backend} could not create a context for {str(path)!r}: {why}"
+                )
+            self._ctxs.append(ctx)
         self.context_length = per_seq
         self.n_batch = n_batch
         self._n_ubatch = cparams.n_ubatch
@@ -237,7 +269,9 @@ class LlamaCppLM:
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
-        self.info = BackendInfo(self.backend, str(path), self.threads, file_fingerprint(path))
+        self.info = BackendInfo(
+            self.backend, str(path), self.threads, file_fingerprint(path), exact=exact
+        )
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
         self._free = list(range(max_sequences))  # a heap: the lowest free slot is taken first
@@ -261,13 +295,16 @@ class LlamaCppLM:
         cparams.no_perf = True
 
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
-        return self._lib.llama_memory_seq_rm(self._memory(), slot, p0, p1)
+        ctx, s = self._cell(slot)
+        return self._lib.llama_memory_seq_rm(self._lib.llama_get_memory(ctx), s, p0, p1)
 
     def _seq_cp(self, src: int, dst: int) -> None:
-        self._lib.llama_memory_seq_cp(self._memory(), src, dst, -1, -1)
+        memory = self._lib.llama_get_memory(self._ctxs[0])
+        self._lib.llama_memory_seq_cp(memory, src, dst, -1, -1)
 
-    def _memory(self):
-        return self._lib.llama_get_memory(self._ctx)
+    def _cell(self, slot: int) -> tuple[object, int]:
+        """(the context holding slot, its llama sequence id there)."""
+        return (self._ctxs[slot], 0) if self.exact else (self._ctxs[0], slot)
 
     # -- LM protocol -------------------------------------------------------------------------
     def _slot(self, seq: int) -> int:
@@ -298,17 +335,18 @@ class LlamaCppLM:
         blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         outputs: list[int] = []  # entry of each logits row of the pending call
         fill = 0
+        ctx = None  # the context of the pending call
 
         def decode() -> None:
             nonlocal fill
             b.n_tokens = fill
-            rc = lib.llama_decode(self._ctx, b)
+            rc = lib.llama_decode(ctx, b)
             if rc != 0:
                 why = "no room in the KV cache" if rc == 1 else "see the llama.cpp log"
                 raise RuntimeError(f"llama_decode failed with code {rc} ({why})")
             if outputs:
                 t = time.perf_counter()
-                ptr = lib.llama_get_logits(self._ctx)
+                ptr = lib.llama_get_logits(ctx)
                 # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
                 got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
                 self.copy_ms += (time.perf_counter() - t) * 1000.0
@@ -327,14 +365,19 @@ class LlamaCppLM:
                 slot, start, tokens = plan[e]
                 last = len(tokens) - 1
                 kept = len(tokens) if rows is None else rows[e]
+                here, s = self._cell(slot)
+                if here is not ctx and fill:
+                    decode()
+                ctx = here
+                width = EXACT_WIDTH if self.exact and not last_only else self.n_batch
                 for i, t in enumerate(tokens):
-                    if fill == self.n_batch:
+                    if fill == width:
                         decode()
                     want = i == last if last_only else i < kept
                     b.token[fill] = t
                     b.pos[fill] = start + i
                     b.n_seq_id[fill] = 1
-                    b.seq_id[fill][0] = slot
+                    b.seq_id[fill][0] = s
                     b.logits[fill] = want
                     if want:
                         outputs.append(e)
@@ -349,6 +392,8 @@ class LlamaCppLM:
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        if self.exact:
+            return one_pass_each(calls, EXACT_WIDTH)
         free = iter(sorted(self._free))  # a new sequence would take the lowest free slot
         slots = [(self._slots[q] if q in self._slots else next(free, -1), n) for q, n in calls]
         return equal_passes(slots, self._n_ubatch)
@@ -376,8 +421,9 @@ class LlamaCppLM:
     def _compact(self) -> None:
         """Keep the sequences in the lowest slots: a free slot below a used one costs every
         later batch one more pass, moving the highest sequence down costs one copy of its KV
-        stream (llama.cpp copies it, cell for cell, before the next decode)."""
-        while self._free and self._slots:
+        stream (llama.cpp copies it, cell for cell, before the next decode). In exact mode
+        every slot is a context of its own: nothing to do."""
+        while not self.exact and self._free and self._slots:
             seq, high = max(self._slots.items(), key=lambda item: item[1])
             low = self._free[0]
             if high < low:
@@ -388,15 +434,25 @@ class LlamaCppLM:
             self._slots[seq] = low
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None):
+        if getattr(self, "_batch", None):
             self._lib.llama_batch_free(self._batch)
-            self._lib.llama_free(self._ctx)
+            self._batch = None
+        for ctx in getattr(self, "_ctxs", ()):
+            self._lib.llama_free(ctx)
+        self._ctxs = []
+        if getattr(self, "_model", None):
             self._lib.llama_model_free(self._model)
-            self._ctx = self._model = None
+            self._model = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown may have torn down ctypes
             self.close()
+
+
+def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:
+    """How a call over (sequence, tokens) pairs runs when every sequence has a context of its
+    own (exact mode): one pass per sequence and per `width` tokens of it."""
+    return [(1, min(width, n - i)) for _, n in calls for i in range(0, n, width)]
 
 
 def equal_passes(slots: Sequence[tuple[int, int]], n_ubatch: int = 512) -> list[tuple[int, int]]:

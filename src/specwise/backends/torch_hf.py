@@ -3,7 +3,10 @@
 Builds from an in-memory model, a local Hugging Face folder, or a GGUF file (transformers
 dequantizes GGUF to float32). Each sequence has its own `DynamicCache`; `truncate` crops it.
 `forward` runs the sequences of a batch one after another (no padding), which is exact and
-simple; the batched fast path is the llama.cpp backend. This module does no sampling and no
+simple; the batched fast path is the llama.cpp backend. In exact mode (`exact=True`) a call
+that asks for every row feeds its tokens one at a time, so a row is computed as in plain
+decoding whatever the call's length (torch's matrix kernels round a row of a multi-row
+product differently from a one-row product). This module does no sampling and no
 downloading: a hub id is not accepted, only local files.
 """
 
@@ -95,7 +98,8 @@ def _load(path: Path) -> tuple[Any, Any]:
 
 
 class TorchLM:
-    """TorchLM(model_or_path, tokenizer=None): a transformers causal LM with per-sequence caches."""
+    """TorchLM(model_or_path, tokenizer=None, exact=False): a transformers causal LM with
+    per-sequence caches."""
 
     def __init__(
         self,
@@ -103,7 +107,9 @@ class TorchLM:
         tokenizer: Any = None,
         *,
         context_length: int | None = None,
+        exact: bool = False,
     ) -> None:
+        self.exact = exact
         if isinstance(model_or_path, str | os.PathLike):
             path = Path(model_or_path)
             model, loaded_tok = _load(path)
@@ -125,7 +131,7 @@ class TorchLM:
             tokenizer = HFTokenizer(tokenizer, model_eos)
         self.tokenizer: HFTokenizer | None = tokenizer
         self.eos_token_ids = model_eos | (tokenizer.eos_token_ids if tokenizer else frozenset())
-        self.info = BackendInfo("torch", source, torch.get_num_threads(), fingerprint)
+        self.info = BackendInfo("torch", source, torch.get_num_threads(), fingerprint, exact=exact)
         self._caches: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
         # transformers >= 5.24 calls the cache argument `cache`; older versions `past_key_values`
@@ -164,19 +170,25 @@ class TorchLM:
                 cache = self._caches.get(seq)
                 if cache is None:
                     cache = self._caches[seq] = DynamicCache(config=self.model.config)
-                ids = torch.tensor([list(tokens)], dtype=torch.long)
-                res = self.model(
-                    input_ids=ids,
-                    use_cache=True,
-                    logits_to_keep=1 if last_only else 0,
-                    **{self._cache_kw: cache},  # the cache is updated in place
-                )
-                self._lengths[seq] = have + n
-                logits = res.logits[0].float().numpy()  # [n or 1, V]
+                pieces = [[t] for t in tokens] if self.exact and not last_only else [tokens]
+                rows = []
+                for piece in pieces:
+                    res = self.model(
+                        input_ids=torch.tensor([list(piece)], dtype=torch.long),
+                        use_cache=True,
+                        logits_to_keep=1 if last_only else 0,
+                        **{self._cache_kw: cache},  # the cache is updated in place
+                    )
+                    self._lengths[seq] = self._lengths.get(seq, 0) + len(piece)
+                    rows.append(res.logits[0].float().numpy())  # [len(piece) or 1, V]
+                logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-        """One pass per sequence (`forward` feeds them one after another)."""
+        """One pass per sequence (`forward` feeds them one after another), one per token in
+        exact mode."""
+        if self.exact:
+            return [(1, 1) for _, n in calls for _ in range(n)]
         return [(1, n) for _, n in calls if n > 0]
 
     def length(self, seq: int) -> int:

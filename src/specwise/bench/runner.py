@@ -50,7 +50,7 @@ __all__ = [
 
 NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
 _CHECK_SEQ = -4  # a sequence id the engines never use
-BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend
+BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend or mode
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,10 @@ class Options:
 
 class Runner:
     """Runner(target, draft_lm, options, baseline=None): builds one engine per configuration
-    and runs them. baseline: the same target on another backend (mainline llama.cpp), whose
-    plain decoding runs beside the rest as `plain on <backend>` (timed, never checked for
-    equivalence: two libraries may round a near-tie differently)."""
+    and runs them. baseline: the same target on another backend (mainline llama.cpp) or in
+    the other mode (exact or default), whose plain decoding runs beside the rest as `plain on
+    <backend>[ (mode)]` (timed, never checked for equivalence: two libraries or modes may
+    round a near-tie differently)."""
 
     def __init__(
         self, target: LM, draft_lm: LM | None, options: Options, baseline: LM | None = None
@@ -106,7 +107,11 @@ class Runner:
         self._draft_lm = draft_lm
         self.engines: dict[str, Engine] = {"plain": Engine(target)}
         if baseline is not None:
-            self.engines[BASELINE + baseline.info.backend] = Engine(baseline)
+            mode = {True: " (exact)", False: " (default mode)"}[baseline.info.exact]
+            name = baseline.info.backend + (
+                "" if baseline.info.exact == target.info.exact else mode
+            )
+            self.engines[BASELINE + name] = Engine(baseline)
         self.noise = {"logit": 0.0, "top2_gap": 0.0}
         self.near_tie = 0.0
         numeric = [k for k in options.ks if k != "auto" and k != 0]
@@ -180,7 +185,8 @@ class Runner:
         for d, state in memories:
             d.restore(state)
         self.noise = numeric_noise(self.target, ids)
-        self.near_tie = NEAR_TIE_FACTOR * self.noise["top2_gap"]
+        # Exact mode allows no divergence at all: every one is a failure.
+        self.near_tie = -math.inf if self.target.exact else NEAR_TIE_FACTOR * self.noise["top2_gap"]
 
     def run(
         self,
