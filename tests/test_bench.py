@@ -38,7 +38,8 @@ def write(tmp_path, lines):
         ('{"category": "chat", "prompt": ""}', "'prompt' must be a non-empty string"),
         ('{"category": "chat", "turns": []}', "'turns' must be a non-empty list"),
         ('{"category": "chat", "turns": ["a", 3]}', "'turns' must be a non-empty list"),
-        ('{"category": "chat", "prompt": "x", "id": 7}', "'id' must be a string"),
+        ('{"category": "chat", "prompt": "x", "id": [7]}', "'id' must be a string or a number"),
+        ('{"category": "c", "prompt": "x", "id": "7", "question_id": 8}', "'7' and 'question_id'"),
     ],
 )
 def test_loader_names_file_line_and_problem(tmp_path, line, message):
@@ -55,12 +56,20 @@ def test_loader_reads_prompts_and_turns_and_rejects_duplicates(tmp_path):
             '{"category": "chat", "id": "a", "prompt": "hello"}',
             "",
             '{"category": "mine", "turns": ["one", "two"]}',
+            '{"category": "c", "id": 7, "prompt": "an integer id"}',
+            '{"question_id": 81, "category": "writing", "turns": ["Spec-Bench / MT-Bench"]}',
+            '{"category": "c", "id": 8, "question_id": 8, "prompt": "both, alike"}',
+            '{"category": "c", "id": null, "prompt": "no id"}',
         ],
     )
     got = load_jsonl(path)
     assert [(p.id, p.category, p.turns) for p in got] == [
         ("a", "chat", ("hello",)),
         ("mine-3", "mine", ("one", "two")),
+        ("7", "c", ("an integer id",)),
+        ("81", "writing", ("Spec-Bench / MT-Bench",)),
+        ("8", "c", ("both, alike",)),
+        ("c-7", "c", ("no id",)),
     ]
     dup = write(
         tmp_path,

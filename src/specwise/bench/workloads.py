@@ -1,7 +1,8 @@
 """Benchmark workloads: the prompt categories shipped with specwise and the JSONL loader.
 
 Each category declares its default sampling (used when the run does not set a temperature).
-A prompt is one JSON object per line: `category`, an optional `id`, and either `prompt` (a
+A prompt is one JSON object per line: `category`, an optional `id` (any JSON scalar, kept as
+text; Spec-Bench's and MT-Bench's `question_id` is read as the id), and either `prompt` (a
 string) or `turns` (a list of user messages; the first is used unless multi-turn is asked for).
 This module only reads prompts; rendering them needs the target's tokenizer (`render`).
 """
@@ -87,10 +88,26 @@ def _parse(line: str, where: str, n: int) -> Prompt:
         if not isinstance(t, list) or not t or not all(isinstance(x, str) and x.strip() for x in t):
             raise WorkloadError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
         turns = tuple(t)
-    pid = obj.get("id", f"{cat}-{n}")
-    if not isinstance(pid, str):
-        raise WorkloadError(f"{where}: 'id' must be a string")
-    return Prompt(pid, cat, turns)
+    ids = {key: _id_text(obj[key], key, where) for key in ("id", "question_id") if key in obj}
+    ids = {key: v for key, v in ids.items() if v is not None}
+    if len(set(ids.values())) > 1:
+        raise WorkloadError(
+            f"{where}: 'id' {ids['id']!r} and 'question_id' {ids['question_id']!r} differ; "
+            f"give one of them"
+        )
+    return Prompt(next(iter(ids.values()), f"{cat}-{n}"), cat, turns)
+
+
+def _id_text(value: object, key: str, where: str) -> str | None:
+    """A prompt id as text: a string as it is, a number or boolean as JSON writes it, null as
+    no id; a list or object is refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float | bool):
+        return json.dumps(value)
+    raise WorkloadError(
+        f"{where}: {key!r} must be a string or a number, not {type(value).__name__}"
+    )
 
 
 def load_jsonl(path: str | Path) -> list[Prompt]:
