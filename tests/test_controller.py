@@ -614,3 +614,42 @@ def test_planning_backs_off_where_it_does_not_pay_and_the_output_stays_exact(sha
     else:  # drafts pay all along: every step is planned
         assert sum(rt.proposed > 0 for rt in rounds) > 10 and not unplanned
     assert [eng.finish(r).tokens for r in reqs] == [plain_decode(lm, p, params) for p in prompts]
+
+
+def test_an_engine_is_built_in_milliseconds_without_touching_the_disk(tmp_path, monkeypatch):
+    """Calibration and learnt averages are read and written by `Controller.calibrated` and
+    `save` (the CLI and server call them); `Engine(...)` itself creates no file."""
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    lm = ToyLM(vocab=12, seed=1)
+    drafters = [NgramDrafter()]
+    ctl = Controller(drafters, costs({1: 10.0, 2: 11.0}, {"ngram": 0.01}))
+    t = time.perf_counter()
+    Engine(lm, NgramDrafter(), k=4)
+    Engine(lm, drafters, k="auto", controller=ctl)
+    assert time.perf_counter() - t < 0.05
+    assert not list(tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match="k='auto' needs a controller"):
+        Engine(lm, drafters, k="auto")
+
+    first = Controller.calibrated(lm, drafters)  # measures, and keeps the measurement
+    assert len(list((tmp_path / "costs").iterdir())) == 1
+    eng = Engine(lm, drafters, k="auto", controller=first)
+    eng.generate([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=40))
+    assert not (tmp_path / "controller").exists()  # nothing written while serving
+    first.save()
+    again = Controller.calibrated(lm, drafters)
+    assert again.state() == first.state() and again.state()["ngram"]["seen"]
+
+
+def test_a_catch_up_round_is_not_taken_for_the_cost_of_drafting():
+    """A model drafter first picked after a long prompt feeds the whole prompt before it
+    drafts (its `lag`); that round's time is not its cost per drafted token."""
+    draft = ToyLM(vocab=12, seed=1, delay_ms=(0.0, 5.0))  # 5 ms per token fed
+    drafters = [ModelDrafter(draft)]
+    ctl = Controller(drafters, costs({n: 100.0 + n for n in range(1, 17)}, {"model": 1.0}))
+    ctl.set_prior("model", [0.95] * 8)
+    eng = Engine(ToyLM(vocab=12, seed=1), drafters, k="auto", controller=ctl)
+    res = eng.generate(list(range(12)) * 5, SamplingParams(max_tokens=6))
+    assert [r.drafter for r in res.rounds] == [None, "model"]  # the model drafted, once
+    assert res.rounds[1].draft_ms > 5.0 * 55  # it caught up on the prompt first
+    assert ctl.costs.draft_ms_per_token["model"] == 1.0  # and that was not taken as its cost

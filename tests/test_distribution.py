@@ -173,7 +173,7 @@ def test_aligned_batch_distribution():
         )
         ctl = Controller(drafters, costs)
         ctl.set_prior("ngram", [0.9] * 8)
-        engine = Engine(target, drafters, k="auto", controller=ctl, remember=False)
+        engine = Engine(target, drafters, k="auto", controller=ctl)
         reqs = [
             engine.start(prompt, replace(params, seed=seed)),
             engine.start(other, replace(params, seed=n + seed)),

@@ -98,6 +98,9 @@ class FixedDrafter:
         done = len(context) - self.n_prompt  # tokens emitted so far (round 0 gave the first)
         return Draft(self.tokens[done : done + k], None)
 
+    def lag(self, seq, context):
+        return 0
+
     def commit(self, seq, accepted, emitted):
         pass
 

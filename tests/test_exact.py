@@ -49,6 +49,9 @@ class NoisyCopy:
             [(t + 1) % self.vocab if (done + i) % 3 == 2 else t for i, t in enumerate(out)]
         )
 
+    def lag(self, seq, context):
+        return 0
+
     def commit(self, seq, accepted, emitted):
         pass
 

@@ -86,6 +86,7 @@ def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(server[0] + "/health").json()
     assert health["status"] == "ok" and health["running"] == 0
+    assert health["exact"] is False  # mainline llama.cpp: the default mode
 
 
 def test_completion_and_chat_with_the_openai_client(client):

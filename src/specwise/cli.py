@@ -164,11 +164,19 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     drafters = [make_drafter(n, **options.get(n, {})) for n in names]
     if a.suffix_cache and "suffix" in names and Path(a.suffix_cache).exists():
         next(d for d in drafters if d.name == "suffix").load(a.suffix_cache)
-    return Engine(target, drafters, k=a.k, trace=trace)
+    controller = None
+    if a.k == "auto":
+        from specwise.controller import Controller
+
+        controller = Controller.calibrated(target, drafters)
+    return Engine(target, drafters, k=a.k, trace=trace, controller=controller)
 
 
 def _save_memory(a: argparse.Namespace, engine) -> None:
-    """Write the suffix drafter's memory to --suffix-cache, if both are there."""
+    """Write what the run learnt: the controller's averages (k auto) to $SPECWISE_HOME, and
+    the suffix drafter's memory to --suffix-cache if given."""
+    if engine.controller is not None:
+        engine.controller.save()
     d = next((d for d in engine.drafters if d.name == "suffix"), None)
     if a.suffix_cache and d is not None:
         d.save(a.suffix_cache)

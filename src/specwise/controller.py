@@ -606,16 +606,31 @@ class Controller:
             st.idle.pop(rid, None)
             st.gap.pop(rid, None)
             st.planned.pop(rid, None)
-        self._save()
+
+    @classmethod
+    def calibrated(
+        cls, target: LM, drafters: Sequence[Drafter], remember: bool = True
+    ) -> Controller:
+        """A controller with this machine's costs for target and drafters (read from
+        $SPECWISE_HOME/costs, or measured now and saved there) and, with remember, what
+        earlier runs learnt ($SPECWISE_HOME/controller; `save` writes it back). The disk and
+        the measuring are here, for the CLI and the server to call; `Engine` touches neither."""
+        from specwise.costs import cache_key, calibrated
+        from specwise.models import home
+
+        controller = cls(drafters, calibrated(target, drafters))
+        if remember:
+            controller.remember(home() / "controller" / f"{cache_key(target, drafters)}.json")
+        return controller
 
     def remember(self, path: Path) -> None:
-        """Keep what is learnt across requests in `path`: load it now, save it after each
-        finished request."""
+        """Keep what is learnt across requests in `path`: load it now; `save` writes it."""
         self._memory = path
         with contextlib.suppress(OSError, ValueError):
             self.load_state(json.loads(path.read_text()))
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write what was learnt across requests to the `remember` path (if any)."""
         if self._memory is None:
             return
         from specwise.models import save_json

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specwise.backends.base import LM
+from specwise.backends.base import LM, Reserved
 
 if TYPE_CHECKING:
     from specwise.drafters.base import Drafter
@@ -40,7 +40,6 @@ __all__ = [
     "measure_curve",
 ]
 
-_CAL_SEQ = -2  # a sequence id the engine never uses
 EMA = 0.1  # weight of one new observation
 
 
@@ -99,20 +98,20 @@ def measure_curve(
     hi = min(lm.vocab_size, 1000)
     ctx = [int(t) for t in rng.integers(10, hi, size=context)]
     feed = [int(t) for t in rng.integers(10, hi, size=max(sizes))]
-    lm.release(_CAL_SEQ)
+    lm.release(Reserved.CALIBRATION)
     try:
-        lm.forward([(_CAL_SEQ, ctx)], last_only=True)
-        lm.forward([(_CAL_SEQ, feed[:4])])  # warm-up
-        lm.truncate(_CAL_SEQ, context)
+        lm.forward([(Reserved.CALIBRATION, ctx)], last_only=True)
+        lm.forward([(Reserved.CALIBRATION, feed[:4])])  # warm-up
+        lm.truncate(Reserved.CALIBRATION, context)
         samples: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(repeats):
             for n in sizes:
                 t = time.perf_counter()
-                lm.forward([(_CAL_SEQ, feed[:n])])
+                lm.forward([(Reserved.CALIBRATION, feed[:n])])
                 samples[n].append((time.perf_counter() - t) * 1000.0)
-                lm.truncate(_CAL_SEQ, context)
+                lm.truncate(Reserved.CALIBRATION, context)
     finally:
-        lm.release(_CAL_SEQ)
+        lm.release(Reserved.CALIBRATION)
     return CostCurve({n: float(np.median(v)) for n, v in samples.items()})
 
 

@@ -28,14 +28,14 @@ knows no backend or drafter by type.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.backends.base import LM
+from specwise.backends.base import LM, new_sequence
 from specwise.controller import Batch, Controller, Offered, Plan
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
@@ -44,20 +44,37 @@ from specwise.sampling import LazyRows, Sampler, SamplingParams
 from specwise.trace import JsonlSink, RoundTrace, summarize
 from specwise.verify import Verdict, greedy_match, rejection_sample
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "Proposal"]
 
 log = logging.getLogger(__name__)
 _ms = 1000.0
 CHEAP_MAX_K = 15  # longest draft asked of a cheap drafter (the cost curve is measured to 16)
 
 
+@dataclass
+class Proposal:
+    """What step 1 decided for one request in one round: who drafts (None: plain), the draft,
+    the controller's plan (k="auto"), what the cheap drafters offered, the drafter's catch-up
+    (`lag`, context tokens), and, filled in later in the round, the drafting time, the filler
+    fed after the draft (`padded`) and the tokens emitted."""
+
+    drafter: Drafter | None
+    draft: Draft
+    plan: Plan | None = None
+    offers: dict[str, Draft] = field(default_factory=dict)
+    lag: int = 0
+    ms: float = 0.0
+    padded: int = 0
+    emitted: int = 0
+
+
 class Engine:
     """Engine(target, drafter=None, k=4): speculative decoding over one target LM.
 
     drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
-    "auto" for the goodput controller (calibrated once per machine and model pair). With
-    remember=True an auto engine keeps what its controller learns across requests in
-    $SPECWISE_HOME/controller and starts from it next time."""
+    "auto" for the goodput `controller`, which k="auto" needs (`Controller.calibrated` reads
+    or measures this machine's costs). Constructing an Engine touches no disk and measures
+    nothing."""
 
     def __init__(
         self,
@@ -67,7 +84,6 @@ class Engine:
         *,
         trace: JsonlSink | None = None,
         controller: Controller | None = None,
-        remember: bool = True,
     ) -> None:
         drafters = (
             []
@@ -92,17 +108,12 @@ class Engine:
         self.controller: Controller | None = None
         if auto and drafters:
             if controller is None:
-                from specwise.costs import cache_key, calibrated
-                from specwise.models import home
-
-                controller = Controller(drafters, calibrated(target, drafters))
-                if remember:
-                    controller.remember(
-                        home() / "controller" / f"{cache_key(target, drafters)}.json"
-                    )
+                raise ValueError(
+                    "k='auto' needs a controller: pass controller=Controller.calibrated(target, "
+                    "drafters) (it reads this machine's measured costs, or measures them once)"
+                )
             controller.bind(target)
             self.controller = controller
-        self._seq_ids = itertools.count()
 
     @property
     def drafter(self) -> Drafter | None:
@@ -144,7 +155,7 @@ class Engine:
         tok = self.target.tokenizer
         if params.stop and tok is None:
             raise ValueError("stop strings need a tokenizer, and this target has none")
-        seq = next(self._seq_ids)
+        seq = new_sequence(self.target)
         req = Request(
             id=request_id or f"req-{seq}",
             seq=seq,
@@ -164,18 +175,11 @@ class Engine:
             # Round 0: the first token comes from the prefill's last logits, exactly as plain
             # decoding does it; the prefill is its forward (counted in prefill_ms).
             verdict = self._verify(req, Draft([], None), last)
-            self._record(
-                req,
-                None,
-                Draft([], None),
-                None,
-                verdict,
-                self._emit(req, verdict.tokens),
-                0.0,
-                0.0,
-                (time.perf_counter() - t1) * _ms,
-                1,
-            )
+            first = Proposal(None, Draft([], None), emitted=self._emit(req, verdict.tokens))
+            req.prefill_ms = (t1 - t0) * _ms
+            # Round 0's overhead: the time from arrival to its end, less the prefill.
+            req.clock = req.arrival + (t1 - t0)
+            self._record(req, first, verdict, 0.0, 0.0, 1)
             t2 = time.perf_counter()
             # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
             # controller first picks them: a request that never uses one does not pay for it.
@@ -185,9 +189,12 @@ class Engine:
                     self._drafter_call(req, d, d.begin, seq, prompt, tenant)
         except BaseException:
             self.target.release(seq)
+            for d in self.drafters:
+                with contextlib.suppress(Exception):
+                    d.end(seq)
             raise
-        req.prefill_ms = (t1 - t0) * _ms
-        req.draft_prefill_ms = (time.perf_counter() - t2) * _ms
+        req.clock = time.perf_counter()
+        req.draft_prefill_ms = (req.clock - t2) * _ms
         return req
 
     def finish(self, req: Request) -> GenerationResult:
@@ -286,23 +293,24 @@ class Engine:
     def _allowed(self, r: Request) -> list[Drafter]:
         return [d for d in self.drafters if r.only is None or d.name == r.only]
 
-    def _propose(
-        self, r: Request, batch: Batch
-    ) -> tuple[Drafter | None, Draft, Plan | None, dict[str, Draft]]:
-        """Step 1 for one request: who drafts, the draft (its caught-up lag is noted in
-        `r.lag`, so a catch-up is not mistaken for the cost of drafting), and what the cheap
-        drafters offered."""
+    def _propose(self, r: Request, batch: Batch) -> Proposal:
+        """Step 1 for one request: who drafts, the draft, how many context tokens its drafter
+        caught up on first (`lag`: a catch-up is not mistaken for the cost of drafting), and
+        what the cheap drafters offered. A request whose drafter failed decodes plainly."""
         room = self._room(r)
-        none = Draft([], None)
+        none = Proposal(None, Draft([], None))
         k_req = self.k if r.k is None else r.k
         allowed = self._allowed(r)
+        if r.drafter_errors:
+            return none
         if k_req != "auto":
             d = allowed[0] if allowed else None
             k = min(int(k_req), room)
             if d is None or k <= 0:
-                return None, none, None, {}
+                return none
+            lag = d.lag(r.seq, r.context)
             draft = self._drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
-            return d, draft or none, None, {}
+            return Proposal(d, draft or none.draft, lag=lag)
         # Cheap drafters propose first; the controller then picks a drafter and length.
         offers: dict[str, Draft] = {}
         for d in allowed:
@@ -310,7 +318,7 @@ class Engine:
                 got = self._drafter_call(
                     r, d, d.propose, r.seq, r.context, min(room, CHEAP_MAX_K), r.params, r.sampler
                 )
-                offers[d.name] = got or none
+                offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
         confidences = {n: o.scores() for n, o in offers.items()}
         plan = self.controller.plan(
@@ -323,107 +331,141 @@ class Engine:
             only=r.only,
         )
         d = plan.drafter
-        if d is None or d.name in r.drafter_errors:
-            return None, none, plan, offers
+        if d is None or r.drafter_errors:
+            return Proposal(None, none.draft, plan, offers=offers)
         if d.cheap:
-            return d, offers[d.name].prefix(plan.k_max), plan, offers
+            return Proposal(d, offers[d.name].prefix(plan.k_max), plan, offers=offers)
         draft = self._drafter_call(
             r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
         )
-        return d, draft or none, plan, offers
+        return Proposal(d, draft or none.draft, plan, offers=offers, lag=lags[d.name])
 
     def step(self, batch: Sequence[Request]) -> None:
-        """One round for every unfinished request in `batch`."""
+        """One round for every unfinished request in `batch`. Atomic: if it raises, every
+        request and cache is as it was before the round (`_undo`), so the round can be run
+        again, a request at a time, with the same output."""
         live = [r for r in batch if not r.done]
         if not live:
             return
-        t0 = time.perf_counter()
+        rngs = [r.sampler.state() for r in live]
+        try:
+            t0 = time.perf_counter()
+            props, width, planned = self._propose_all(live)  # 1. propose
+            t1 = time.perf_counter()
+            calls, logits = self._score(live, props, width)  # 2. score
+            t2 = time.perf_counter()
+            verdicts = [  # 3. verify
+                self._verify(r, p.draft, lg) for r, p, lg in zip(live, props, logits, strict=True)
+            ]
+        except BaseException:  # nothing was committed yet
+            for r, rng in zip(live, rngs, strict=True):
+                self._undo(r, rng)
+            raise
+        for r, p, v in zip(live, props, verdicts, strict=True):  # 4. commit
+            p.emitted = self._commit(r, p, v)
+        t3 = time.perf_counter()
+        draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
+        self._learn(props, verdicts, calls, planned, draft_ms, verify_ms, (t3 - t2) * _ms)
+        for r, p, v in zip(live, props, verdicts, strict=True):  # 5. record
+            self._record(r, p, v, draft_ms, verify_ms, len(live))
 
-        # 1. Propose: per request, a drafter (fixed, or the controller's pick) drafts. In a
-        # batch of auto requests the controller may find planning not worth it this step
-        # (`Controller.unplanned`): then every request decodes plainly, no drafter asked.
-        chosen: list[tuple[Drafter | None, Draft, Plan | None, float]] = []
-        offered: list[dict[str, Draft]] = []
+    def _propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
+        """Step 1 for the batch: each request's proposal, then (k="auto", several requests)
+        the controller's alignment; returns the proposals, the tokens each sequence brings
+        to the call (0: as proposed) and whether the controller planned the batch. In a
+        batch of auto requests the controller may find planning not worth it this step
+        (`Controller.unplanned`): then every request decodes plainly, no drafter asked."""
+        props: list[Proposal] = []
         counts = {r.seq: 1 for r in live}  # tokens each puts in the call: plain, to start
         expected, draft_ms = float(len(live)), 0.0  # tokens expected, drafting time so far
         gated = self.controller is not None and len(live) > 1 and all(map(self._auto, live))
         unplanned = self.controller.unplanned(tuple(counts.items())) if gated else None
         for r in live:
-            r.lag = 0
-            others = tuple((q, n) for q, n in counts.items() if q != r.seq)
             t = time.perf_counter()
-            d, draft, plan, offers = (
-                self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
-                if unplanned is None
-                else (None, Draft([], None), unplanned, {})
-            )
-            draft = draft.prefix(self._room(r))  # a drafter must not overshoot
-            ms = (time.perf_counter() - t) * _ms
-            chosen.append((d if draft.tokens else None, draft, plan, ms))
-            offered.append(offers)
-            counts[r.seq] = 1 + len(draft.tokens)
-            expected += (plan.expected_tokens if plan is not None and draft.tokens else 1.0) - 1.0
-            draft_ms += ms
-        width = 0 if unplanned is not None else self._align(live, chosen, offered, counts, draft_ms)
-        t1 = time.perf_counter()
+            if unplanned is None:
+                others = tuple((q, n) for q, n in counts.items() if q != r.seq)
+                p = self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
+            else:
+                p = Proposal(None, Draft([], None), unplanned)
+            p.draft = p.draft.prefix(self._room(r))  # a drafter must not overshoot
+            p.drafter = p.drafter if p.draft.tokens else None
+            p.ms = (time.perf_counter() - t) * _ms
+            props.append(p)
+            counts[r.seq] = 1 + len(p.draft.tokens)
+            expected += (p.plan.expected_tokens if p.plan and p.draft.tokens else 1.0) - 1.0
+            draft_ms += p.ms
+        width = 0 if unplanned is not None else self._align(live, props, counts, draft_ms)
+        return props, width, gated and unplanned is None
 
-        # 2. Score: one target forward over the batch, [last emitted token] + draft each, and
-        # filler up to `width` tokens where the batch was aligned (fed, never verified: its
-        # logits are not asked for).
-        filler = [max(0, width - 1 - len(c[1].tokens)) for c in chosen]
+    def _score(
+        self, live: Sequence[Request], props: Sequence[Proposal], width: int
+    ) -> tuple[list[tuple[int, list[int]]], list[np.ndarray]]:
+        """Step 2: ONE target forward over the batch, [last emitted token] + draft each, and
+        filler up to `width` tokens where the batch was aligned (fed, never verified: its
+        logits are not asked for). Returns the calls and each request's logits [k+1, V]."""
+        for p in props:
+            p.padded = max(0, width - 1 - len(p.draft.tokens))
         calls = [
-            (r.seq, [r.context[-1], *c[1].tokens] + [r.context[-1]] * f)
-            for r, c, f in zip(live, chosen, filler, strict=True)
+            (r.seq, [r.context[-1], *p.draft.tokens] + [r.context[-1]] * p.padded)
+            for r, p in zip(live, props, strict=True)
         ]
-        logits = self.target.forward(
-            calls, rows=[1 + len(c[1].tokens) for c in chosen] if any(filler) else None
-        )
-        t2 = time.perf_counter()
+        rows = [1 + len(p.draft.tokens) for p in props] if width else None
+        return calls, self.target.forward(calls, rows=rows)
 
-        # 3. Verify and 4. commit, request by request.
-        verdicts: list[tuple[Verdict, int]] = []
-        for r, (d, draft, _, _), lg in zip(live, chosen, logits, strict=True):
-            verdict = self._verify(r, draft, lg)  # [k+1, V]
-            self.target.truncate(r.seq, len(r.context) + verdict.accepted)
-            if d is not None:
-                self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
-                if self.controller is not None:
-                    self.controller.observe(r.id, d.name, draft, verdict.accepted)
-            verdicts.append((verdict, self._emit(r, verdict.tokens)))
-        t3 = time.perf_counter()
+    def _commit(self, r: Request, p: Proposal, verdict: Verdict) -> int:
+        """Step 4 for one request: roll the target cache back to the committed tokens, tell
+        the drafter, emit; returns the tokens emitted."""
+        self.target.truncate(r.seq, len(r.context) + verdict.accepted)
+        if p.drafter is not None:
+            d = p.drafter
+            self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
+            if self.controller is not None:
+                self.controller.observe(r.id, d.name, p.draft, verdict.accepted)
+        return self._emit(r, verdict.tokens)
 
-        # 5. Record: in a batch every request waited for the whole step.
-        draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
-        overhead_ms = (t3 - t2) * _ms
-        if self.controller is not None:
-            fed = [(q, len(t)) for q, t in calls]
-            if gated and unplanned is None:
-                tokens = sum(len(v.tokens) for v, _ in verdicts)
-                self.controller.planned(fed, tokens, draft_ms, verify_ms)
-            costs = self.controller.costs
-            costs.observe_verify(self.target.passes(fed), verify_ms)
-            costs.observe_overhead(overhead_ms)
-            for r, (d, draft, _, ms) in zip(live, chosen, strict=True):
-                if d is not None and not d.cheap and r.lag <= 1:  # not a catch-up round
-                    costs.observe_draft(d.name, len(draft.tokens), ms)
-        for r, (d, draft, plan, _), (verdict, emitted), f in zip(
-            live, chosen, verdicts, filler, strict=True
-        ):
-            self._record(
-                r, d, draft, plan, verdict, emitted, draft_ms, verify_ms, overhead_ms, len(live), f
-            )
+    def _undo(self, r: Request, rng: dict) -> None:
+        """Put a request back as it was before a round that failed: its target cache holds
+        every committed token but the last, its random state is as it was. (A drafter
+        with a cache drops drafts left behind at its next `propose`.)"""
+        with contextlib.suppress(Exception):  # a broken backend must not hide the first error
+            if self.target.length(r.seq) > len(r.context) - 1:
+                self.target.truncate(r.seq, len(r.context) - 1)
+        r.sampler.set_state(rng)
+
+    def _learn(
+        self,
+        props: Sequence[Proposal],
+        verdicts: Sequence[Verdict],
+        calls: Sequence[tuple[int, list[int]]],
+        planned: bool,
+        draft_ms: float,
+        verify_ms: float,
+        commit_ms: float,
+    ) -> None:
+        """The controller's costs and batch plans learn from this round (k="auto")."""
+        if self.controller is None:
+            return
+        fed = [(q, len(t)) for q, t in calls]
+        if planned:
+            self.controller.planned(fed, sum(len(v.tokens) for v in verdicts), draft_ms, verify_ms)
+        costs = self.controller.costs
+        costs.observe_verify(self.target.passes(fed), verify_ms)
+        costs.observe_overhead(commit_ms)
+        for p in props:
+            d = p.drafter
+            if d is not None and not d.cheap and p.lag <= 1:  # not a catch-up round
+                costs.observe_draft(d.name, len(p.draft.tokens), p.ms)
 
     def _align(
         self,
         live: Sequence[Request],
-        chosen: list[tuple[Drafter | None, Draft, Plan | None, float]],
-        offered: list[dict[str, Draft]],
+        props: list[Proposal],
         counts: dict[int, int],
         draft_ms: float,
     ) -> int:
         """Step 1b: where the controller finds it pays, replace the batch's plans by a joint one
         in which every sequence brings the same number of tokens (`Controller.align`), in
-        `chosen`; return the tokens each sequence then brings (0: as planned)."""
+        `props`; return the tokens each sequence then brings (0: as planned)."""
         if self.controller is None or len(live) < 2:
             return 0
         asks = [
@@ -431,63 +473,67 @@ class Engine:
                 r.id,
                 r.seq,
                 self._room(r),
-                {n: o.scores() for n, o in offers.items()},
-                plan,
+                {n: o.scores() for n, o in p.offers.items()},
+                p.plan,
                 r.only,
             )
-            for r, (_, _, plan, _), offers in zip(live, chosen, offered, strict=True)
+            for r, p in zip(live, props, strict=True)
         ]
         joint = self.controller.align(asks, list(counts.items()), draft_ms)
         if joint is None:
             return 0
         byname = {d.name: d for d in self.drafters}
-        for i, (name, m, e) in enumerate(joint.drafts):
+        for p, (name, m, e) in zip(props, joint.drafts, strict=True):
             d = byname[name] if name and m else None
-            draft = offered[i][name].prefix(m) if d else Draft([], None)
-            plan = Plan(
+            p.drafter, p.draft = d, p.offers[name].prefix(m) if d else Draft([], None)
+            p.plan = Plan(
                 d, m, m, joint.expected_goodput, joint.plain_goodput, e, reason=joint.reason
             )
-            chosen[i] = (d, draft, plan, chosen[i][3])
         return 1 + joint.length
 
     def _record(
         self,
         r: Request,
-        d: Drafter | None,
-        draft: Draft,
-        plan: Plan | None,
+        p: Proposal,
         verdict: Verdict,
-        emitted: int,
         draft_ms: float,
         verify_ms: float,
-        overhead_ms: float,
         batch_size: int,
-        padded: int = 0,
     ) -> None:
-        """Step 5: one RoundTrace for request r (ending now)."""
+        """Step 5: one RoundTrace for request r, ending now. Its overhead is the rest of the
+        time since r's previous round ended (rollback, bookkeeping, and any wait between
+        rounds), so a request's rounds account for all of its time. A trace sink that fails
+        is logged and dropped; the round stands."""
+        now = time.perf_counter()
+        plan = p.plan
         rt = RoundTrace(
             request_id=r.id,
             round=len(r.rounds),
-            drafter=None if d is None else d.name,
-            proposed=len(draft.tokens),
+            drafter=None if p.drafter is None else p.drafter.name,
+            proposed=len(p.draft.tokens),
             accepted=verdict.accepted,
             rejection_position=verdict.rejection_position,
             bonus=verdict.bonus,
-            emitted=emitted,
+            emitted=p.emitted,
             draft_ms=draft_ms,
             verify_ms=verify_ms,
-            overhead_ms=overhead_ms,
+            overhead_ms=max(0.0, (now - r.clock) * _ms - draft_ms - verify_ms),
             batch_size=batch_size,
-            t_ms=(time.perf_counter() - r.arrival) * _ms,
+            t_ms=(now - r.arrival) * _ms,
             k_max=None if plan is None else plan.k_max,
             expected_goodput=None if plan is None else plan.expected_goodput,
             plain_goodput=None if plan is None else plan.plain_goodput,
             decision=None if plan is None else plan.reason,
-            padded=padded,
+            padded=p.padded,
         )
         r.rounds.append(rt)
+        r.clock = now
         if self.trace is not None:
-            self.trace.write(rt)
+            try:
+                self.trace.write(rt)
+            except Exception as exc:
+                log.warning("the trace sink failed, tracing no more: %s", exc)
+                self.trace = None
 
     def _verify(self, r: Request, d: Draft, logits: np.ndarray) -> Verdict:
         """logits [k+1, V] -> the acceptance rule's verdict."""

@@ -11,12 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specwise.backends.base import LM
+from specwise.backends.base import LM, Reserved
 from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = ["plain_decode"]
-
-_ORACLE_SEQ = -1  # a sequence id the engine never uses
 
 
 def plain_decode(target: LM, prompt: Sequence[int], params: SamplingParams) -> list[int]:
@@ -26,12 +24,12 @@ def plain_decode(target: LM, prompt: Sequence[int], params: SamplingParams) -> l
     feed = list(prompt)
     try:
         while len(out) < params.max_tokens:
-            row = target.forward([(_ORACLE_SEQ, feed)], last_only=True)[0][-1]  # [V]
+            row = target.forward([(Reserved.ORACLE, feed)], last_only=True)[0][-1]  # [V]
             t = int(np.argmax(row)) if params.greedy else sampler.categorical(warp(row, params))
             out.append(t)
             if t in target.eos_token_ids:
                 break
             feed = [t]
     finally:
-        target.release(_ORACLE_SEQ)
+        target.release(Reserved.ORACLE)
     return out

@@ -29,7 +29,7 @@ class Request:
     draft_prefill_ms: float = 0.0  # the drafters' (begin)
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     drafter_errors: dict[str, str] = field(default_factory=dict)  # failed drafters, not used again
-    lag: int = 0  # context tokens this round's drafter had to catch up on
+    clock: float = 0.0  # time.perf_counter() when its last round (or its start) ended
     k: int | str | None = None  # this request's own k (None: the engine's)
     only: str | None = None  # this request's only drafter (None: any of the engine's)
     ended: float | None = None

@@ -169,6 +169,13 @@ class Sampler:
     def __init__(self, seed: int | None = None) -> None:
         self._rng = np.random.default_rng(seed)
 
+    def state(self) -> dict:
+        """The random state now, for `set_state` (a round that failed draws nothing)."""
+        return self._rng.bit_generator.state
+
+    def set_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
     def bernoulli(self, prob: float) -> bool:
         """True with probability `prob`; draws nothing when the outcome is certain."""
         if prob >= 1.0:

@@ -8,6 +8,8 @@ the first n (rollback is setting a length). This module holds no model code.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +20,13 @@ import numpy as np
 __all__ = [
     "LM",
     "BackendInfo",
+    "Reserved",
     "Tokenizer",
     "check_append",
     "check_same_vocab",
     "check_truncate",
     "file_fingerprint",
+    "new_sequence",
 ]
 
 
@@ -33,6 +37,28 @@ class BackendInfo:
     threads: int | None
     fingerprint: str  # identifies the weights; keys cached measurements
     exact: bool = False  # logits depend on a sequence's tokens alone, bit for bit (`LM.exact`)
+
+
+class Reserved:
+    """The sequence ids specwise's own checks use on an LM; `new_sequence` never hands them out
+    (they are negative)."""
+
+    ORACLE = -1  # plain decoding for reference (`specwise.oracle`)
+    CALIBRATION = -2  # the cost curve (`specwise.costs`)
+    DRAFTER_COST = -3  # a cheap drafter's cost (`specwise.drafters.base.measure_cheap`)
+    CHECK = -4  # the bench's equivalence checks (`specwise.bench.runner`)
+
+
+_next_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def new_sequence(lm: LM) -> int:
+    """A sequence id for `lm` that nothing else holds: ids count up from 0 per LM, so several
+    engines on one target never share a sequence."""
+    ids = _next_ids.get(lm)
+    if ids is None:
+        ids = _next_ids[lm] = itertools.count()
+    return next(ids)
 
 
 @runtime_checkable

@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from specwise.backends.base import LM
+from specwise.backends.base import LM, Reserved
 from specwise.bench.workloads import CATEGORIES, Prompt, render
+from specwise.controller import Controller
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
@@ -49,7 +50,6 @@ __all__ = [
 ]
 
 NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
-_CHECK_SEQ = -4  # a sequence id the engines never use
 BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend or mode
 
 
@@ -123,12 +123,12 @@ class Runner:
         if "auto" in options.ks:
             # A fresh controller (nothing learnt in earlier processes), so runs are repeatable;
             # it still learns from request to request within the run, as a server would.
-            drafters = [self._drafter(n) for n in options.drafters]
-            self.engines["auto"] = Engine(target, drafters, k="auto", remember=False)
-            for names in options.auto_sets:
-                self.engines[f"auto[{'+'.join(names)}]"] = Engine(
-                    target, [self._drafter(n) for n in names], k="auto", remember=False
-                )
+            for spec, names in [("auto", options.drafters)] + [
+                (f"auto[{'+'.join(names)}]", names) for names in options.auto_sets
+            ]:
+                drafters = [self._drafter(n) for n in names]
+                controller = Controller.calibrated(target, drafters, remember=False)
+                self.engines[spec] = Engine(target, drafters, k="auto", controller=controller)
 
     def _drafter(self, name: str):
         return make_drafter(name, lm=self._draft_lm) if name == "model" else make_drafter(name)
@@ -284,13 +284,13 @@ class Runner:
 
 def logits_after(lm: LM, ids: list[int], out: list[int]) -> np.ndarray:
     """The target's logits [len(out), V] at each position of `out`, teacher-forced after `ids`."""
-    lm.release(_CHECK_SEQ)
+    lm.release(Reserved.CHECK)
     try:
         if len(ids) > 1:
-            lm.forward([(_CHECK_SEQ, ids[:-1])], last_only=True)
-        return lm.forward([(_CHECK_SEQ, [ids[-1], *out[:-1]])])[0]
+            lm.forward([(Reserved.CHECK, ids[:-1])], last_only=True)
+        return lm.forward([(Reserved.CHECK, [ids[-1], *out[:-1]])])[0]
     finally:
-        lm.release(_CHECK_SEQ)
+        lm.release(Reserved.CHECK)
 
 
 def numeric_noise(lm: LM, ids: list[int], sizes: Sequence[int] = (2, 5, 9)) -> dict:
@@ -303,14 +303,14 @@ def numeric_noise(lm: LM, ids: list[int], sizes: Sequence[int] = (2, 5, 9)) -> d
             window = ids[start : start + n]
             if len(window) < 2:
                 continue
-            lm.release(_CHECK_SEQ)
+            lm.release(Reserved.CHECK)
             try:
-                lm.forward([(_CHECK_SEQ, ids[:start])], last_only=True)
-                many = lm.forward([(_CHECK_SEQ, window)])[0]
-                lm.truncate(_CHECK_SEQ, start)
-                one = np.stack([lm.forward([(_CHECK_SEQ, [t])])[0][0] for t in window])
+                lm.forward([(Reserved.CHECK, ids[:start])], last_only=True)
+                many = lm.forward([(Reserved.CHECK, window)])[0]
+                lm.truncate(Reserved.CHECK, start)
+                one = np.stack([lm.forward([(Reserved.CHECK, [t])])[0][0] for t in window])
             finally:
-                lm.release(_CHECK_SEQ)
+                lm.release(Reserved.CHECK)
             worst_logit = max(worst_logit, float(np.abs(many - one).max()))
             for a, b in zip(many, one, strict=True):
                 ga, gb = np.sort(a)[-2:], np.sort(b)[-2:]

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from specwise.backends.base import LM
+from specwise.backends.base import LM, Reserved
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["DRAFTERS", "Draft", "Drafter", "KeepGoing", "make_drafter", "measure_cheap", "register"]
@@ -127,7 +127,7 @@ def measure_cheap(drafter: Drafter) -> tuple[float, float]:
     context indexed first; no catch-up cost."""
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(0, 50, size=2000)]
-    seq, greedy = -3, SamplingParams()  # never an engine sequence
+    seq, greedy = Reserved.DRAFTER_COST, SamplingParams()
     drafter.begin(seq, context[:1499])
     drafter.propose(seq, context[:1499], 8, greedy, None)  # type: ignore[arg-type]
     t = time.perf_counter()

@@ -65,8 +65,8 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return Draft([], None)
-        if self.lm.length(seq) > len(context):  # a failed round left drafts behind: drop them
-            self.lm.truncate(seq, len(context))
+        if self.lm.length(seq) >= len(context):  # a failed round left drafts behind: drop
+            self.lm.truncate(seq, len(context) - 1)  # them, and feed the last token again
         feed = list(context[self.lm.length(seq) :])  # catch up: at least the last token
         tokens: list[int] = []
         qs: list[np.ndarray] = []

@@ -97,6 +97,7 @@ def create_app(
     @app.get("/health")
     async def health() -> dict:
         out = {"status": "ok", "model": model_name, **state["scheduler"].load}
+        out["exact"] = engine.target.exact
         for d in engine.drafters:
             if d.name == "suffix":
                 out["suffix_memory_bytes"] = sum(m.nbytes for m in d.memories.values())
