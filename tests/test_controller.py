@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
+from specwise.acceptance import expected_tokens
 from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
 from specwise.controller import (
@@ -23,7 +24,6 @@ from specwise.controller import (
     Controller,
     Offered,
     Plan,
-    expected_tokens,
 )
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter

@@ -177,3 +177,8 @@ def test_every_millisecond_of_a_request_is_in_one_field():
         s = res.summary
         parts = s.prefill_ms + s.draft_prefill_ms + sum(r.round_ms for r in res.rounds)
         assert parts == pytest.approx(s.total_ms, rel=0.01)
+    by_step: dict[int, list] = {}
+    for res in results[1:]:
+        for r in res.rounds[1:]:
+            by_step.setdefault(r.step, []).append(r)
+    assert all(len(rs) == rs[0].batch_size for rs in by_step.values())  # a step's rounds

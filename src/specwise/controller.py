@@ -14,16 +14,14 @@ call as the passes the backend runs it in (`LM.passes`). Plain decoding is m = 0
 grows, the extra verify tokens cost more than they return, so speculation backs off by itself.
 In a batch a wrong estimate costs every sequence in the call, so there the controller also (a)
 does not probe, and (b) scales a drafter's expected accepted tokens by how many of the tokens it
-predicted were accepted in the rounds run so far (`_Realism`): measured in the server,
-speculating requests in batches of 4 and 8 realised about half the accepted tokens planned, so
-each such round lost time (BENCHMARKS.md §4).
+predicted were accepted in the rounds run so far (`PlanHitRate`, in `acceptance`; why:
+BENCHMARKS.md §4).
 
 On llama.cpp a sequence with more tokens than the rest of its call costs a pass of its own,
 and such a pass beside a batch costs more than the same tokens alone. So a request planned on
 its own in a batch drafts only what joins the passes the batch runs anyway
 (`_sharing`): beside plain sequences, nothing. But a call in which every sequence brings
-the same number of tokens is one pass, which costs far less (on llama.cpp, 2 sequences x 2
-tokens cost 1.15x a plain step of 2, 8 x 2 cost 1.49x of 8). So after the requests are planned,
+the same number of tokens is one pass, which costs far less (BENCHMARKS.md §4). So after the requests are planned,
 `align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
 offer up to L and filler after it (fed, never verified), with L the length of best expected
 goodput for the batch; taken when that beats the plans made one by one, and plain decoding by
@@ -53,9 +51,8 @@ chosen only when it can pay the catch-up back. When plain wins, each drafter is 
 now and then (with doubling gaps while probes keep losing) so a request that becomes
 predictable is noticed. A cheap drafter is probed only with an offer that would pay on an
 average request by an optimistic reading of its calibration (an upper confidence bound, which
-every bin keeps because old outcomes fade), at the shortest length that reading says pays: on a CPU,
-where verifying 3 tokens costs twice a plain step, probing every weak match is what made
-speculation cost a few percent where it could not pay. A model drafter is probed with 2 tokens,
+every bin keeps because old outcomes fade), at the shortest length that reading says pays:
+probing every weak match costs more than it finds where verification is dear. A model drafter is probed with 2 tokens,
 and only when catching up costs no more than one plain round. This module runs no model; the
 engine calls `plan` before and `observe` after each round.
 """
@@ -66,11 +63,20 @@ import contextlib
 import functools
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from specwise.acceptance import (
+    BINS,
+    GLOBAL_EMA,
+    PRIOR_ALPHA,
+    REQUEST_EMA,
+    Calibration,
+    PlanHitRate,
+    expected_tokens,
+    scaled,
+)
 from specwise.backends.base import LM
 from specwise.costs import CostModel, Pass
 from specwise.drafters.base import Draft, Drafter, KeepGoing
@@ -79,13 +85,7 @@ __all__ = ["Alignment", "Batch", "Controller", "Offered", "Plan"]
 
 log = logging.getLogger(__name__)
 
-REQUEST_EMA = 0.3  # weight of one observation in a request's α estimate
-GLOBAL_EMA = 0.05  # ... in the drafter's average over requests
-PRIOR_ALPHA = 0.4  # α before anything was observed (below break-even on slow verification)
 MARGIN = 1.05  # speculate only when expected goodput beats plain decoding's by this factor
-BINS = 10  # confidence calibration bins over [0, 1]
-CAL_WINDOW = 200  # outcomes a calibration bin remembers (older ones fade)
-UCB_Z = 1.645  # width of the optimistic estimate that decides what is worth probing
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 PLAN_PATIENCE = 100  # planned steps of a batch size without a draft that paid, before backing off
 PLAN_GAP_MAX = 8  # the most steps between planned ones where planning backs off
@@ -143,70 +143,15 @@ class Alignment:
 
 
 @dataclass
-class _Calibration:
-    """Confidence -> acceptance, from observed outcomes. A confidence is only a score until it
-    has been calibrated, so every bin starts at the same prior (weight 2)."""
-
-    hits: list[float] = field(default_factory=lambda: [0.0] * BINS)
-    seen: list[float] = field(default_factory=lambda: [0.0] * BINS)
-
-    @staticmethod
-    def _bin(confidence: float) -> int:
-        return min(int(confidence * BINS), BINS - 1)
-
-    def predict(self, confidence: float, prior: float = PRIOR_ALPHA) -> float:
-        b = self._bin(confidence)
-        return (self.hits[b] + 2.0 * prior) / (self.seen[b] + 2.0)
-
-    def optimistic(self, confidence: float) -> float:
-        """An upper estimate (Wilson's bound at 95% one-sided), for deciding what is worth
-        trying: 1 for an unseen bin, narrowing towards the observed rate as outcomes come in,
-        never to it, so nothing learnt locks a drafter out for good."""
-        b = self._bin(confidence)
-        n = self.seen[b]
-        if n <= 0:
-            return 1.0
-        p, z2 = self.hits[b] / n, UCB_Z**2
-        centre = p + z2 / (2 * n)
-        spread = UCB_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-        return min(1.0, (centre + spread) / (1 + z2 / n))
-
-    def observe(self, confidence: float, accepted: bool) -> None:
-        b = self._bin(confidence)
-        if self.seen[b] >= CAL_WINDOW:  # forget old outcomes: keep a window's worth
-            scale = (CAL_WINDOW - 1) / self.seen[b]
-            self.hits[b] *= scale
-            self.seen[b] *= scale
-        self.hits[b] += float(accepted)
-        self.seen[b] += 1.0
-
-
-@dataclass
-class _Realism:
-    """Accepted tokens realised over accepted tokens predicted, for a drafter's planned rounds
-    (both exponential averages), never above 1."""
-
-    predicted: float = 0.0
-    realised: float = 0.0
-
-    def factor(self) -> float:
-        return 1.0 if self.predicted <= 0 else min(1.0, self.realised / self.predicted)
-
-    def observe(self, predicted: float, realised: float) -> None:
-        self.predicted += GLOBAL_EMA * (predicted - self.predicted)
-        self.realised += GLOBAL_EMA * (realised - self.realised)
-
-
-@dataclass
 class _DrafterState:
     """One drafter's acceptance estimates: across requests, and per running request."""
 
     alpha: list[float] = field(default_factory=list)  # across requests, by position
-    calibration: _Calibration = field(default_factory=_Calibration)
+    calibration: Calibration = field(default_factory=Calibration)
     requests: dict[str, list[float]] = field(default_factory=dict)  # id -> α by position
     idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
     gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
-    realism: _Realism = field(default_factory=_Realism)
+    hit_rate: PlanHitRate = field(default_factory=PlanHitRate)
     planned: dict[str, list[float]] = field(default_factory=dict)  # id -> E(0..m) of its plan
 
     def global_alpha(self, i: int) -> float:
@@ -237,21 +182,6 @@ class _Planning:
 
 def _one_pass(calls: Sequence[tuple[int, int]]) -> list[Pass]:
     return [(1, sum(n for _, n in calls))]
-
-
-def _scaled(e: Sequence[float], scale: float) -> list[float]:
-    """E with its expected accepted tokens (E - 1) multiplied by scale."""
-    return [1.0 + scale * (x - 1.0) for x in e]
-
-
-def expected_tokens(a: Sequence[float]) -> list[float]:
-    """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j."""
-    out, run, prod = [1.0], 1.0, 1.0
-    for x in a:
-        prod *= x
-        run += prod
-        out.append(run)
-    return out
 
 
 class Controller:
@@ -312,7 +242,7 @@ class Controller:
             catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
             st = self._state[d.name]
             a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None)
-            scale = st.realism.factor() if batch.calls else 1.0
+            scale = st.hit_rate.factor() if batch.calls else 1.0
             m, g, e = self._best_length(
                 d.name, a, batch, catch_up / max(remaining, 1), scale, lengths
             )
@@ -375,7 +305,7 @@ class Controller:
         p = self._planning.setdefault(len(calls), _Planning())
         paid = False
         if any(n > 1 for _, n in calls):
-            plain = self.costs.call_ms(self._passes(tuple((q, 1) for q, _ in calls)))
+            plain = self.costs.call_ms(self._passes(tuple((s, 1) for s, _ in calls)))
             paid = tokens * plain / len(calls) > planning_ms + verify_ms
         p.since = 0 if paid else p.since + 1
         p.gap = 1 if p.since < PLAN_PATIENCE else min(2 * p.gap, PLAN_GAP_MAX)
@@ -409,13 +339,13 @@ class Controller:
         whole batch; the alignment is taken when that beats the plans made one by one and
         plain decoding by MARGIN."""
         if len(requests) < 2 or any(
-            q.plan is None or (q.plan.drafter is not None and not q.plan.drafter.cheap)
-            for q in requests
+            o.plan is None or (o.plan.drafter is not None and not o.plan.drafter.cheap)
+            for o in requests
         ):
             return None
-        longest = min(q.room for q in requests)
+        longest = min(o.room for o in requests)
         offered, steps = self._aligned_steps(requests, longest, draft_ms)  # steps[0]: plain
-        now = sum(q.plan.expected_tokens if q.plan.drafter else 1.0 for q in requests)
+        now = sum(o.plan.expected_tokens if o.plan.drafter else 1.0 for o in requests)
         plain = len(requests) / steps[0]
         bar = max(now / self._step_ms(tuple(calls), draft_ms), MARGIN * plain)
         if self._ceiling(requests, offered, steps) <= bar * (1 - 1e-9):  # rounding slack
@@ -424,15 +354,15 @@ class Controller:
         # trusted in a batch (scaled by how far its plans came true)
         raw: list[dict[str, list[float]]] = []
         expect: list[dict[str, list[float]]] = []
-        for q in requests:
+        for o in requests:
             raw.append({})
             expect.append({})
             for d in self.drafters:
-                offer = q.offers.get(d.name, ())[:longest]
-                if d.cheap and offer and q.only in (None, d.name):
-                    e = expected_tokens(self._acceptances(d.name, q.rid, len(offer), offer))
+                offer = o.offers.get(d.name, ())[:longest]
+                if d.cheap and offer and o.only in (None, d.name):
+                    e = expected_tokens(self._acceptances(d.name, o.rid, len(offer), offer))
                     raw[-1][d.name] = e
-                    expect[-1][d.name] = _scaled(e, self._state[d.name].realism.factor())
+                    expect[-1][d.name] = scaled(e, self._state[d.name].hit_rate.factor())
         best: Alignment | None = None
         for n in range(1, max((len(e) - 1 for p in expect for e in p.values()), default=0) + 1):
             picks = [
@@ -448,13 +378,13 @@ class Controller:
                 reason = f"aligned: {len(requests)} x {1 + n} tokens, {g:.4f} > {bar:.4f} tokens/ms"
                 best = Alignment(n, tuple(picks), g, plain, reason)
         if best is not None:
-            for q, r, (name, m, _) in zip(requests, raw, best.drafts, strict=True):
+            for o, r, (name, m, _) in zip(requests, raw, best.drafts, strict=True):
                 for d in self.drafters:
                     st = self._state[d.name]
-                    st.planned.pop(q.rid, None)
+                    st.planned.pop(o.rid, None)
                     if d.name == name and m:
-                        st.idle[q.rid] = 0
-                        st.planned[q.rid] = r[name][: m + 1]
+                        st.idle[o.rid] = 0
+                        st.planned[o.rid] = r[name][: m + 1]
         return best
 
     def _aligned_steps(
@@ -466,16 +396,16 @@ class Controller:
         offered = [
             max(
                 (
-                    len(q.offers.get(d.name, ())[:longest])
+                    len(o.offers.get(d.name, ())[:longest])
                     for d in cheap
-                    if q.only in (None, d.name)
+                    if o.only in (None, d.name)
                 ),
                 default=0,
             )
-            for q in requests
+            for o in requests
         ]
         steps = [
-            self._step_ms(tuple((q.seq, 1 + n) for q in requests), draft_ms)
+            self._step_ms(tuple((o.seq, 1 + n) for o in requests), draft_ms)
             for n in range(max(offered, default=0) + 1)
         ]
         return offered, steps
@@ -486,7 +416,7 @@ class Controller:
         """An upper bound on the goodput of any alignment of `requests` (`align`): every offered
         token accepted, as far as the drafters' plans have come true in batches."""
         trust = max(
-            (self._state[d.name].realism.factor() for d in self.drafters if d.cheap), default=0.0
+            (self._state[d.name].hit_rate.factor() for d in self.drafters if d.cheap), default=0.0
         )
         return max(
             (
@@ -510,7 +440,7 @@ class Controller:
         ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
         scale multiplies the expected accepted tokens E - 1; lengths (default: all) are the
         ones that may be chosen, G is 0 at the others."""
-        e = _scaled(expected_tokens(a), scale)
+        e = scaled(expected_tokens(a), scale)
         g = [0.0] * len(e)
         for m in range(len(e)) if lengths is None else lengths:
             c = self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0)
@@ -586,7 +516,7 @@ class Controller:
         st = self._state[drafter]
         e = st.planned.pop(rid, None)
         if e is not None:  # a planned round (not a probe): how much of the plan came true
-            st.realism.observe(e[min(len(draft.tokens), len(e) - 1)] - 1.0, float(accepted))
+            st.hit_rate.observe(e[min(len(draft.tokens), len(e) - 1)] - 1.0, float(accepted))
         reqa = st.requests.setdefault(rid, [])
         st.request_alpha(rid, len(draft.tokens))
         for i in range(min(accepted + 1, len(draft.tokens))):
@@ -647,7 +577,7 @@ class Controller:
                 "alpha": st.alpha,
                 "hits": st.calibration.hits,
                 "seen": st.calibration.seen,
-                "realism": [st.realism.predicted, st.realism.realised],
+                "plan_hit_rate": [st.hit_rate.predicted, st.hit_rate.realised],
             }
             for name, st in self._state.items()
         }
@@ -657,11 +587,11 @@ class Controller:
             d = data.get(name)
             if d and len(d.get("hits", ())) == BINS and len(d.get("seen", ())) == BINS:
                 st.alpha = [float(x) for x in d["alpha"]]
-                st.calibration = _Calibration(
+                st.calibration = Calibration(
                     [float(x) for x in d["hits"]], [float(x) for x in d["seen"]]
                 )
-                if len(d.get("realism", ())) == 2:
-                    st.realism = _Realism(*(float(x) for x in d["realism"]))
+                if len(d.get("plan_hit_rate", ())) == 2:
+                    st.hit_rate = PlanHitRate(*(float(x) for x in d["plan_hit_rate"]))
 
     def set_prior(self, drafter: str, alpha: Sequence[float]) -> None:
         """Start new requests of `drafter` from these α by position (e.g. from earlier runs)."""

@@ -28,6 +28,7 @@ knows no backend or drafter by type.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -114,6 +115,7 @@ class Engine:
                 )
             controller.bind(target)
             self.controller = controller
+        self._steps = itertools.count(1)  # numbers the steps, for the traces
 
     @property
     def drafter(self) -> Drafter | None:
@@ -366,8 +368,9 @@ class Engine:
         t3 = time.perf_counter()
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         self._learn(props, verdicts, calls, planned, draft_ms, verify_ms, (t3 - t2) * _ms)
+        step = next(self._steps)
         for r, p, v in zip(live, props, verdicts, strict=True):  # 5. record
-            self._record(r, p, v, draft_ms, verify_ms, len(live))
+            self._record(r, p, v, draft_ms, verify_ms, len(live), step)
 
     def _propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
         """Step 1 for the batch: each request's proposal, then (k="auto", several requests)
@@ -383,7 +386,7 @@ class Engine:
         for r in live:
             t = time.perf_counter()
             if unplanned is None:
-                others = tuple((q, n) for q, n in counts.items() if q != r.seq)
+                others = tuple((s, n) for s, n in counts.items() if s != r.seq)
                 p = self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
             else:
                 p = Proposal(None, Draft([], None), unplanned)
@@ -445,7 +448,7 @@ class Engine:
         """The controller's costs and batch plans learn from this round (k="auto")."""
         if self.controller is None:
             return
-        fed = [(q, len(t)) for q, t in calls]
+        fed = [(s, len(t)) for s, t in calls]
         if planned:
             self.controller.planned(fed, sum(len(v.tokens) for v in verdicts), draft_ms, verify_ms)
         costs = self.controller.costs
@@ -499,6 +502,7 @@ class Engine:
         draft_ms: float,
         verify_ms: float,
         batch_size: int,
+        step: int | None = None,
     ) -> None:
         """Step 5: one RoundTrace for request r, ending now. Its overhead is the rest of the
         time since r's previous round ended (rollback, bookkeeping, and any wait between
@@ -525,6 +529,7 @@ class Engine:
             plain_goodput=None if plan is None else plan.plain_goodput,
             decision=None if plan is None else plan.reason,
             padded=p.padded,
+            step=step,
         )
         r.rounds.append(rt)
         r.clock = now

@@ -57,7 +57,7 @@ class RoundTrace:
     emitted: int  # tokens this round added to the output (after EOS / stop / max_tokens cuts)
     draft_ms: float
     verify_ms: float  # the target forward (shared by the whole batch)
-    overhead_ms: float  # warping, the acceptance rule, rollback and bookkeeping
+    overhead_ms: float  # the rest since the request's last round: rule, rollback, bookkeeping, wait
     batch_size: int
     t_ms: float  # end of the round, ms since the request arrived
     # Controller (None when k was fixed): its choice and why.
@@ -66,6 +66,7 @@ class RoundTrace:
     plain_goodput: float | None = None  # predicted tokens/ms of plain decoding
     decision: str | None = None  # the controller's reason, in words
     padded: int = 0  # filler tokens fed after the draft to align a batch (never verified)
+    step: int | None = None  # the engine's step (rounds of one batch share it); None: round 0
 
     @property
     def round_ms(self) -> float:
