@@ -76,6 +76,22 @@ def make(target: ToyLM, draft: ToyLM, sink=None) -> Engine:
     return Engine(target, ModelDrafter(draft), k=3, trace=sink)
 
 
+def arm(point: str, engine: Engine, inject: Injector) -> None:
+    """Make the target forward or the acceptance rule of `engine` call `inject` in each round
+    of the loop (not the prefill's)."""
+    if point == "forward":
+        engine.target.inject = inject
+        return
+    verify = engine._verify
+
+    def faulty_verify(r, *a):
+        if r.rounds:
+            inject()
+        return verify(r, *a)
+
+    engine._verify = faulty_verify
+
+
 SAMPLED = [SamplingParams(temperature=1.0, seed=s, max_tokens=24) for s in (1, 2, 3)]
 GREEDY = [SamplingParams(max_tokens=24)] * 3
 
@@ -88,17 +104,8 @@ def test_a_fault_in_a_round_changes_no_output_and_leaks_nothing(point, params, t
     sink = JsonlSink(tmp_path / "rounds.jsonl")
     engine = make(target, draft, sink)
     inject = Injector(at=ROUND)
-    if point == "forward":
-        target.inject = inject
-    elif point == "verify":
-        verify = engine._verify
-
-        def faulty_verify(r, *a):
-            if r.rounds:  # a round of the loop, not the prefill's
-                inject()
-            return verify(r, *a)
-
-        engine._verify = faulty_verify
+    if point != "trace":
+        arm(point, engine, inject)
     else:
         write = sink.write
 
@@ -124,17 +131,7 @@ def test_a_request_that_keeps_failing_ends_alone(point):
     target, draft = FaultyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
     engine = make(target, draft)
     inject = Injector(at=ROUND, times=2)  # the batch round, then the first retry
-    if point == "forward":
-        target.inject = inject
-    else:
-        verify = engine._verify
-
-        def faulty_verify(r, *a):
-            if r.rounds:  # a round of the loop, not the prefill's
-                inject()
-            return verify(r, *a)
-
-        engine._verify = faulty_verify
+    arm(point, engine, inject)
     got = run(engine, SAMPLED)
     assert [g for g, _ in got] == [None, *(w for w, _ in want[1:])]
     assert not target.caches and not draft.caches
