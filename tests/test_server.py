@@ -397,3 +397,35 @@ def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypat
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len({r["request_id"] for r in rows}) == 2
     assert sum(r["emitted"] for r in rows) == sum(tokens) > 0
+
+
+def test_the_scheduler_saves_what_the_controller_learnt_between_rounds(tmp_path):
+    """Every save_every_s, between rounds (not per request, not only at shutdown)."""
+    import asyncio
+
+    from specwise.sampling import SamplingParams
+    from specwise.server.metrics import Metrics
+    from specwise.server.scheduler import Job, Scheduler
+    from toy import ToyLM
+
+    drafters = [NgramDrafter()]
+    ctl = Controller(drafters, CostModel(CostCurve({1: 10.0, 2: 10.5}), {"ngram": 0.01}))
+    ctl.remember(tmp_path / "learnt.json")
+    engine = Engine(ToyLM(vocab=12, seed=1), drafters, k="auto", controller=ctl)
+    sched = Scheduler(engine, Metrics(), save_every_s=0.0)
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job("r1", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=30), loop)
+        sched.submit(job)
+
+        async def finished() -> str:
+            while (kind := (await job.events.get())[0]) not in ("done", "error"):
+                pass
+            return kind
+
+        assert loop.run_until_complete(finished()) == "done"
+    finally:
+        sched.close()
+        loop.close()
+    saved = json.loads((tmp_path / "learnt.json").read_text())
+    assert saved["ngram"]["seen"] and saved == ctl.state()

@@ -4,7 +4,9 @@ Each loop: admit waiting requests up to `max_batch` (prefill), drop cancelled on
 caches released at once), run ONE engine round over every running sequence (drafts for each,
 one batched target forward), then publish each request's new text to its asyncio queue. New
 requests join between rounds. If a batched round fails, each request is retried alone, so only
-the request that fails alone is failed. The HTTP layer never touches the engine.
+the request that fails alone is failed (a round that raises leaves every request as it was:
+`Engine.step`). Every `save_every_s` seconds, between rounds, what the controller learnt is
+saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches the engine.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specwise.server.metrics import Metrics
 __all__ = ["Job", "QueueFull", "Scheduler"]
 
 log = logging.getLogger(__name__)
+SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
 
 
 class QueueFull(Exception):
@@ -58,7 +61,12 @@ class Job:
 
 class Scheduler:
     def __init__(
-        self, engine: Engine, metrics: Metrics, max_batch: int = 4, max_queue: int = 64
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        max_batch: int = 4,
+        max_queue: int = 64,
+        save_every_s: float = SAVE_EVERY_S,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError(
@@ -66,6 +74,8 @@ class Scheduler:
             )
         self.engine, self.metrics = engine, metrics
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.save_every_s = save_every_s
+        self._saved = time.monotonic()
         self._pending: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
         self._cond = threading.Condition()
@@ -118,10 +128,19 @@ class Scheduler:
                 self._end(job, "cancelled")
             if self._running:
                 self._round()
+                self._save_learning()
         for job in list(self._running) + list(self._pending):
             job.emit("error", (503, "the server is shutting down"))
             if job.req is not None:
                 self.engine.finish(job.req)
+
+    def _save_learning(self) -> None:
+        """Save the controller's learning when `save_every_s` has passed since the last save."""
+        controller = self.engine.controller
+        if controller is None or time.monotonic() - self._saved < self.save_every_s:
+            return
+        self._saved = time.monotonic()
+        controller.save()
 
     def _start(self, job: Job) -> None:
         try:
