@@ -234,6 +234,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     if a.bench_command == "load":
         return _bench_load(a)
+    if a.bench_command == "steps":
+        from specwise.bench.steps import table
+
+        try:
+            print("\n".join(table(Path(a.trace))))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return 0
     if a.bench_command == "report":
         from specwise.bench.session import rebuild
 
@@ -610,6 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     br.add_argument("folder", help="the run's --out folder")
     br.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")
+    bp = bsub.add_parser(
+        "steps",
+        help="a trace's step accounting: what auto's speculative steps saved, by batch size",
+    )
+    bp.add_argument("trace", help="a rounds.jsonl (from serve --trace, or a bench run)")
     bs = bsub.add_parser("suffix", help="the suffix drafter's memory: build, add and lookup cost")
     bs.add_argument(
         "--sizes",
