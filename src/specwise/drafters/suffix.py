@@ -77,7 +77,7 @@ class SuffixDrafter:
         if k <= 0:
             return Draft([], None)
         live = self._live.get(seq)
-        if live is None or len(context) < len(live.tokens):  # not begun, or a new context
+        if live is None or len(context) < len(live):  # not begun, or a new context
             live = self._live[seq] = LiveIndex()
         here = live.find(context)
         mem = self._memory(self._tenant.get(seq))

@@ -3,8 +3,8 @@
 Two indexes answer the same question — the longest suffix of the context (up to MAX_MATCH
 tokens) that occurred earlier, and the positions where it ended:
 
-- `LiveIndex`, over one request's prompt and output, grown token by token (n-gram -> positions,
-  for n = 1 .. MAX_MATCH);
+- `LiveIndex`, over one request's prompt and output: the tokens alone (4 bytes each), matched
+  at each `find` against every earlier position at once;
 - `SuffixIndex`, over earlier documents (whole requests: prompt and output), in immutable
   segments. A segment is the documents' tokens, each document after a separator, and the
   positions of its tokens sorted by the text read *backwards* from them (to MAX_MATCH tokens):
@@ -79,42 +79,53 @@ def chain(found: Sequence[Occurrences], k: int) -> tuple[list[int], list[float]]
 
 
 class LiveIndex:
-    """One request's tokens, indexed as they arrive: every n-gram (n <= MAX_MATCH) -> the
-    positions where it ended."""
+    """One request's tokens as they arrive. Nothing is indexed per token: `find` compares the
+    context's last tokens with every earlier position at once (numpy), which costs
+    microseconds for a request's length and nothing when a long prompt arrives."""
 
     def __init__(self) -> None:
-        self.tokens: list[int] = []
         self._text = np.empty(256, np.int32)
-        self._grams: dict[tuple[int, ...], list[int]] = {}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The tokens seen so far (a view)."""
+        return self._text[: self._n]
 
     def extend(self, context: Sequence[int]) -> None:
-        """Index the tokens of `context` past those already seen (a context only grows)."""
-        start = len(self.tokens)
-        new = context[start:]
-        if not new:
+        """Take the tokens of `context` past those already seen (a context only grows)."""
+        start, end = self._n, len(context)
+        if end <= start:
             return
-        self.tokens.extend(int(t) for t in new)
-        if len(self.tokens) > len(self._text):
-            grown = np.empty(max(2 * len(self._text), len(self.tokens)), np.int32)
+        if end > len(self._text):
+            grown = np.empty(max(2 * len(self._text), end), np.int32)
             grown[:start] = self._text[:start]
             self._text = grown
-        self._text[start : len(self.tokens)] = new
-        toks, grams = self.tokens, self._grams
-        for i in range(start, len(toks)):
-            for n in range(1, min(MAX_MATCH, i + 1) + 1):
-                grams.setdefault(tuple(toks[i - n + 1 : i + 1]), []).append(i)
+        self._text[start:end] = context[start:end]
+        self._n = end
 
     def find(self, context: Sequence[int]) -> Occurrences | None:
-        """The longest suffix of `context` (which must be what was indexed) that occurred
-        before its last position, and where (the most recent MAX_OCCURRENCES)."""
+        """The longest suffix of `context` (which must be what was seen) that occurred
+        before its last position (up to MAX_MATCH tokens), and where (the most recent
+        MAX_OCCURRENCES)."""
         self.extend(context)
-        toks, last = self.tokens, len(self.tokens) - 1
-        for n in range(min(MAX_MATCH, last), 0, -1):
-            ends = self._grams.get(tuple(toks[last - n + 1 :]))
-            if ends is not None and len(ends) > 1:  # the suffix itself is the last entry
-                ends = ends[-1 - MAX_OCCURRENCES : -1]
-                return Occurrences(n, self._text[: last + 1], np.asarray(ends, np.int64))
-        return None
+        text, last = self._text, self._n - 1
+        if last < 1:
+            return None
+        ends = np.flatnonzero(text[:last] == text[last])  # where its last token occurred
+        if not len(ends):
+            return None
+        length = 1
+        while length < MAX_MATCH:  # keep the positions where the match goes one further back
+            ok = ends >= length
+            ok[ok] = text[ends[ok] - length] == text[last - length]
+            if not ok.any():
+                break
+            ends, length = ends[ok], length + 1
+        return Occurrences(length, text[: last + 1], ends[-MAX_OCCURRENCES:].astype(np.int64))
 
 
 def _backward_order(text: np.ndarray) -> np.ndarray:
