@@ -21,8 +21,8 @@ On llama.cpp a sequence with more tokens than the rest of its call costs a pass 
 and such a pass beside a batch costs more than the same tokens alone. So a request planned on
 its own in a batch drafts only what joins the passes the batch runs anyway
 (`_sharing`): beside plain sequences, nothing. But a call in which every sequence brings
-the same number of tokens is one pass, which costs far less (BENCHMARKS.md §4). So after the requests are planned,
-`align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
+the same number of tokens is one pass, which costs far less (BENCHMARKS.md §4). So after
+the requests are planned, `align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
 offer up to L and filler after it (fed, never verified), with L the length of best expected
 goodput for the batch; taken when that beats the plans made one by one, and plain decoding by
 MARGIN.
@@ -52,8 +52,8 @@ now and then (with doubling gaps while probes keep losing) so a request that bec
 predictable is noticed. A cheap drafter is probed only with an offer that would pay on an
 average request by an optimistic reading of its calibration (an upper confidence bound, which
 every bin keeps because old outcomes fade), at the shortest length that reading says pays:
-probing every weak match costs more than it finds where verification is dear. A model drafter is probed with 2 tokens,
-and only when catching up costs no more than one plain round. This module runs no model; the
+probing every weak match costs more than it finds where verification is dear. A model
+drafter is probed with 2 tokens, and only when catching up costs no more than one plain round. This module runs no model; the
 engine calls `plan` before and `observe` after each round.
 """
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_truncate",
     "file_fingerprint",
     "new_sequence",
+    "one_pass_each",
 ]
 
 
@@ -102,6 +103,12 @@ class LM(Protocol):
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
+
+
+def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:
+    """How a call over (sequence, tokens) pairs runs when each sequence is fed on its own, at
+    most `width` tokens at a time (exact mode): one pass per sequence and per `width` tokens."""
+    return [(1, min(width, n - i)) for _, n in calls for i in range(0, n, width)]
 
 
 def check_rows(

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.backends import ik_api
-from specwise.backends.base import file_fingerprint
-from specwise.backends.llama_cpp import EXACT_WIDTH, LlamaCppLM, one_pass_each, route_log
+from specwise.backends.base import file_fingerprint, one_pass_each
+from specwise.backends.llama_cpp import EXACT_WIDTH, LlamaCppLM, route_log
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
 
@@ -128,8 +128,9 @@ def probe(
 ) -> str | None:
     """None when ik_llama.cpp runs `model` on this machine with these settings, else why not
     (one sentence). batched: also calls over several sequences at once (a context with
-    max_sequences > 1). exact: in exact mode, where logits must agree bit for bit. The first answer for a machine, library, model and settings comes from
-    a child process (seconds, once); later ones from $SPECWISE_HOME/probes."""
+    max_sequences > 1). exact: in exact mode, where logits must agree bit for bit. The first
+    answer for a machine, library, model and settings comes from a child process (seconds,
+    once); later ones from $SPECWISE_HOME/probes."""
     from specwise.models import home, save_json
 
     model = Path(model)

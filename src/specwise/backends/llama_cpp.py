@@ -50,6 +50,7 @@ from specwise.backends.base import (
     check_rows,
     check_truncate,
     file_fingerprint,
+    one_pass_each,
 )
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "LlamaTokenizer",
     "build_has_amx",
     "equal_passes",
-    "one_pass_each",
     "system_info",
 ]
 
@@ -447,12 +447,6 @@ class LlamaCppLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown may have torn down ctypes
             self.close()
-
-
-def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:
-    """How a call over (sequence, tokens) pairs runs when every sequence has a context of its
-    own (exact mode): one pass per sequence and per `width` tokens of it."""
-    return [(1, min(width, n - i)) for _, n in calls for i in range(0, n, width)]
 
 
 def equal_passes(slots: Sequence[tuple[int, int]], n_ubatch: int = 512) -> list[tuple[int, int]]:

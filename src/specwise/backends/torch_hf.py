@@ -28,6 +28,7 @@ from specwise.backends.base import (
     check_truncate,
     eos_ids,
     file_fingerprint,
+    one_pass_each,
 )
 
 __all__ = ["HFTokenizer", "TorchLM"]
@@ -188,7 +189,7 @@ class TorchLM:
         """One pass per sequence (`forward` feeds them one after another), one per token in
         exact mode."""
         if self.exact:
-            return [(1, 1) for _, n in calls for _ in range(n)]
+            return one_pass_each(calls, 1)
         return [(1, n) for _, n in calls if n > 0]
 
     def length(self, seq: int) -> int:
