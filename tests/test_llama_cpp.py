@@ -13,6 +13,7 @@ from conftest import needs_batches
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.drafters.suffix import SuffixDrafter
 from specwise.oracle import plain_decode
 
 TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fib"
@@ -109,6 +110,106 @@ def test_sequences_are_isolated(gguf):
     gguf.release(8)
 
 
+def test_a_rollback_below_another_sequence_changes_nothing_for_it(gguf):
+    """Sequence 0's rollback frees the last cell of a 32-cell block below sequence 1's cells:
+    sequence 1's next call must still see all of its cells (ik_llama's attention does not
+    without `_close_gaps`: its logits came out NaN)."""
+    needs_batches(gguf)
+    rng = np.random.default_rng(1)
+    a, b = ([int(x) for x in rng.integers(100, 3000, n)] for n in (64, 10))
+    gguf.forward([(0, a)], last_only=True)
+    gguf.forward([(1, b)], last_only=True)
+    gguf.truncate(0, 63)
+    got = gguf.forward([(1, [5, 6])])[0]
+    gguf.release(1)
+    want = gguf.forward([(2, [*b, 5, 6])])[0][-2:]
+    assert _close(got, want)
+    gguf.release(0)
+    gguf.release(2)
+
+
+def _close(a, b) -> bool:
+    """Rows of logits that are the same computation, up to the rounding of another call shape."""
+    return min(float(np.corrcoef(x, y)[0, 1]) for x, y in zip(a, b, strict=True)) > 0.99
+
+
+def test_a_tree_in_one_call_gives_each_path_its_own_logits(gguf):
+    """A tree (root; two children; a grandchild under the first) fed beside another sequence:
+    each token's logits are those of its path fed as a chain; `keep` leaves the kept path in
+    the cache, `truncate` drops a tree whole. Mainline llama.cpp refuses trees."""
+    ids = gguf.tokenizer.encode(TEXT)
+    prompt, (r, a, b, c) = ids[:20], ids[20:24]
+    parents = [-1, 0, 0, 1]
+    if not gguf.trees:
+        gguf.forward([(0, prompt)], last_only=True)
+        with pytest.raises(ValueError, match="no token trees"):
+            gguf.forward([(0, [r, a, b, c])], trees=[parents])
+        assert gguf.length(0) == 20
+        gguf.release(0)
+        return
+    gguf.forward([(0, prompt)], last_only=True)
+    chain_ac = gguf.forward([(0, [r, a, c, 7])])[0]
+    gguf.truncate(0, 20)
+    chain_b = gguf.forward([(0, [r, b])])[0]
+    gguf.truncate(0, 20)
+    batch, trees = [(0, [r, a, b, c])], [parents]
+    if gguf.max_sequences > 1:
+        gguf.forward([(1, ids[::-1][:10])], last_only=True)
+        batch, trees = [(1, [5]), *batch], [None, parents]
+    tree = gguf.forward(batch, trees=trees)[-1]
+    assert tree.shape == (4, gguf.vocab_size)
+    assert _close(tree[[0, 1, 3]], chain_ac[:3]) and _close(tree[2:3], chain_b[1:2])
+    with pytest.raises(ValueError, match="holds a tree"):
+        gguf.forward([(0, [1])])
+    with pytest.raises(ValueError, match="no path"):
+        gguf.keep(0, [0, 2, 3])
+    gguf.keep(0, [0, 1, 3])  # r a c: the next token sees exactly them
+    assert gguf.length(0) == 23
+    assert _close(gguf.forward([(0, [7])])[0], chain_ac[3:])
+    gguf.truncate(0, 20)
+    gguf.forward([(0, [r, a, b, c])], trees=[parents])
+    gguf.truncate(0, 20)  # the tree goes, and the chain after the prompt is as before
+    assert _close(gguf.forward([(0, [r, b])])[0], chain_b)
+    with pytest.raises(ValueError, match="parent"):
+        gguf.forward([(0, [1, 2])], trees=[[-1, 1]])
+    assert gguf.length(0) == 22
+    gguf.release(0)
+    gguf.release(1)
+
+
+def _after_trees(lm, n0: int, trees, probe: int) -> tuple[np.ndarray, np.ndarray]:
+    """Feed n0 tokens, then each (parents, path) tree with `keep(path)`, then `probe` tokens;
+    return the probe's logits and those of the same tokens fed as one chain after a truncate."""
+    rng = np.random.default_rng(0)
+    ids = [int(x) for x in rng.integers(100, 3000, n0)]
+    lm.forward([(0, ids)], last_only=True)
+    for parents, path in trees:
+        tokens = [int(x) for x in rng.integers(100, 3000, len(parents))]
+        lm.forward([(0, tokens)], trees=[parents])
+        lm.keep(0, path)
+        ids += [tokens[j] for j in path]
+    got = lm.forward([(0, [7] * probe)])[0]
+    lm.truncate(0, n0)
+    want = lm.forward([(0, ids[n0:] + [7] * probe)])[0][-probe:]
+    lm.release(0)
+    return got, want
+
+
+def test_a_kept_branch_leaves_the_cache_as_a_chain_would(gguf, gguf_cls, gguf_path):
+    """Keeping a tree's second branch frees cells between the kept ones; ik_llama's attention
+    (with flash attention and without) goes wrong over such gaps in a cache of a few hundred
+    cells unless they are closed (`IkLlamaLM._close_gaps`). Both shapes that showed it."""
+    if not gguf.trees:
+        pytest.skip(f"{gguf.backend} takes no trees")
+    second = ([-1, 0, 0, 1, 2, 3, 4], [0, 2, 4, 6])  # two chains of three: keep the second
+    got, want = _after_trees(gguf, 218, [second], 7)
+    assert _close(got, want)
+    alone = gguf_cls(gguf_path, context_length=512, max_sequences=1)  # flash attention, if any
+    third = ([-1, 0, 0, 0, 3, 4, 1], [0, 3])  # keep the third child, then a tree kept at its root
+    got, want = _after_trees(alone, 319, [third, ([-1, 0, 0, 0, 1, 1, 2], [0])], 1)
+    assert _close(got, want)
+
+
 def test_a_release_moves_the_highest_sequence_down_with_its_cache(smollm2_path):
     lm = LlamaCppLM(smollm2_path, context_length=128, max_sequences=3)
     ids = lm.tokenizer.encode(TEXT)
@@ -147,7 +248,7 @@ def test_context_and_slot_errors(gguf_cls, gguf_path):
     assert lm.forward([(1, [1, 2])])[0].shape[0] == 2  # the slot was freed
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "self"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "self"])
 @pytest.mark.parametrize("k", [2, 4])
 def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, drafter, k):
     prompt = gguf.tokenizer.encode("The numbers from 1 to 30: 1, 2, 3, 4,")
@@ -156,9 +257,12 @@ def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, drafter, k):
     assert len(want) >= 30  # a real answer, not an early end that every drafter would match
     if drafter == "ngram":
         d = NgramDrafter()
+    elif drafter == "suffix":  # trees where the backend takes them: ", " goes on several ways
+        d = SuffixDrafter(scope="request")
     else:  # the same weights in a second instance: a drafter keeps its own caches
         d = ModelDrafter(gguf_cls(gguf_path, context_length=512, max_sequences=1))
     got = Engine(gguf, d, k=k).generate(prompt, params)
+    assert gguf.trees == any(r.depth is not None for r in got.rounds) or drafter != "suffix"
     # llama.cpp may round a k+1-token forward differently from single-token ones; here (SmolLM2
     # on mainline, Gemma 3 on ik_llama) the two agree, so the outputs must be identical.
     assert got.tokens == want

@@ -2,7 +2,15 @@
 
 An LM is a model plus its KV cache for several sequences at once. Its cache invariant: after
 `forward(seq, tokens)` the cache of `seq` holds every token fed so far; `truncate(seq, n)` keeps
-the first n (rollback is setting a length). This module holds no model code.
+the first n (rollback is setting a length).
+
+Token trees (an LM whose `trees` is True): `forward` may feed an entry's tokens as a tree,
+`parents[j]` the index of token j's parent among them (-1 for the first token, which follows the
+cache; a parent comes before its children). Each token then sees the cache and its own
+ancestors only, at position cache length + its depth, so its logits are those of its path fed
+as a chain, all in one call. Until `keep(seq, path)` chooses the path that stays (or `truncate`
+drops the tree), the sequence holds the whole tree and takes no other forward. This module
+holds no model code.
 """
 
 from __future__ import annotations
@@ -24,10 +32,12 @@ __all__ = [
     "Tokenizer",
     "check_append",
     "check_same_vocab",
+    "check_tree",
     "check_truncate",
     "file_fingerprint",
     "new_sequence",
     "one_pass_each",
+    "refuse_trees",
 ]
 
 
@@ -81,18 +91,27 @@ class LM(Protocol):
     tokenizer: Tokenizer | None
     info: BackendInfo
     exact: bool  # a row's logits do not depend on the call's shape or other sequences, bit for bit
+    trees: bool  # forward takes token trees (module docstring)
 
     def forward(
         self,
         batch: Sequence[tuple[int, Sequence[int]]],
         last_only: bool = False,
         rows: Sequence[int] | None = None,
+        trees: Sequence[Sequence[int] | None] | None = None,
     ) -> list[np.ndarray]:
         """One call, many sequences: append each (seq, tokens) to seq's cache and return its
         logits [len(tokens), V] float32, or [1, V] (the last position) with last_only, or
         [rows[i], V] (its first rows[i] positions, 1 <= rows[i] <= len(tokens)) for entry i
         with rows: the positions after those are fed, and a backend that can skips their
-        logits (on llama.cpp the output layer runs only for rows asked for)."""
+        logits (on llama.cpp the output layer runs only for rows asked for). trees[i]: None
+        (a chain) or the parents of entry i's tokens (a tree: module docstring; only where
+        `trees` is True)."""
+        ...
+
+    def keep(self, seq: int, path: Sequence[int]) -> None:
+        """After a forward that fed `seq` a tree: keep the cache before it and the tree's tokens
+        at `path` (indices into the tree, a chain from its first token down), drop the rest."""
         ...
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -127,6 +146,40 @@ def check_rows(
                 f"forward asked for {n} logits rows of sequence {seq}, which brings "
                 f"{len(tokens)} tokens; ask for 1 .. {len(tokens)}"
             )
+
+
+def check_tree(seq: int, n: int, parents: Sequence[int] | None) -> list[int]:
+    """The depth of each of n tokens fed as a tree (`LM.forward`), or ValueError unless
+    `parents` is such a tree: one parent per token, the first token's -1, every other's an
+    earlier token."""
+    if parents is None or len(parents) != n:
+        raise ValueError(f"the tree of sequence {seq} has {n} tokens and needs {n} parents")
+    depth: list[int] = []
+    for j, q in enumerate(parents):
+        if (j == 0) != (q == -1) or not -1 <= q < j:
+            raise ValueError(
+                f"token {j} of sequence {seq}'s tree has parent {q}; the first token's is -1, "
+                f"every other's an earlier token"
+            )
+        depth.append(0 if j == 0 else depth[q] + 1)
+    return depth
+
+
+def refuse_trees(backend: str, trees: Sequence[Sequence[int] | None] | None) -> None:
+    """For an LM whose `trees` is False: raise ValueError if a forward brings a tree."""
+    if trees is not None and any(t is not None for t in trees):
+        raise ValueError(f"{backend} takes no token trees here; feed chains")
+
+
+def check_path(seq: int, parents: Sequence[int], path: Sequence[int]) -> None:
+    """Raise ValueError unless `path` is a chain of the tree from its first token down."""
+    ok = bool(path) and path[0] == 0
+    pairs = itertools.pairwise(path)
+    ok = ok and all(0 <= j < len(parents) and parents[j] == i for i, j in pairs)
+    if not ok:
+        raise ValueError(
+            f"keep({seq}, {list(path)}) is no path of the tree it holds from its first token down"
+        )
 
 
 def check_append(seq: int, have: int, n: int, context_length: int) -> None:

@@ -214,6 +214,9 @@ _PROTOTYPES: dict[str, tuple[object, list]] = {
     "llama_decode": (c_int32, [_p, llama_batch]),
     "llama_get_logits": (POINTER(c_float), [_p]),
     "llama_kv_cache_seq_rm": (c_bool, [_p, llama_seq_id, llama_pos, llama_pos]),
+    "llama_kv_cache_seq_cp": (None, [_p, llama_seq_id, llama_seq_id, llama_pos, llama_pos]),
+    "llama_kv_cache_defrag": (None, [_p]),
+    "llama_kv_cache_update": (c_int32, [_p]),
 }
 
 

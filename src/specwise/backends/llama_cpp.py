@@ -29,6 +29,16 @@ sequence, and a sequence's tokens in passes of at most EXACT_WIDTH where every r
 specwise uses; a prefill, `last_only`, is one call in every mode). Mainline llama.cpp is not exact_capable: its multi-token kernels (the flash
 attention of 8 or more queries, attention without flash attention, the repacked weights)
 round a row differently from a one-token forward (BENCHMARKS.md §7).
+
+Token trees (`LM.trees`, where the library's class says so: `_takes_trees`): a
+tree's tokens go into the call with sets of llama sequence ids as the attention mask. Each leaf
+of the tree gets a spare sequence id (above the slots), which the sequence's cache cells are
+copied to (`llama_kv_cache_seq_cp` adds an id to a cell, copying no data); a token carries the
+ids of the leaves below it, so it sees the cache and its ancestors only. `keep` gives the kept
+path's cells the slot's id and removes the leaves' ids, which frees the other branches' cells
+(and closes the gaps that leaves between the path's cells, `_close_gaps`).
+That needs one cache that every sequence shares (ik_llama's): mainline's stream per slot
+(`kv_unified = false`) keeps a token to one stream, so it takes no trees.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,10 +58,13 @@ import numpy as np
 from specwise.backends.base import (
     BackendInfo,
     check_append,
+    check_path,
     check_rows,
+    check_tree,
     check_truncate,
     file_fingerprint,
     one_pass_each,
+    refuse_trees,
 )
 
 __all__ = [
@@ -63,6 +77,7 @@ __all__ = [
 
 _lib = None
 EXACT_WIDTH = 16  # most tokens of one sequence per pass in exact mode (module docstring)
+TREE_LEAVES = 16  # most leaves of one tree (a token carries the ids of the leaves below it)
 _log_lock = threading.Lock()
 _last_errors: list[str] = []
 _callbacks: list = []
@@ -226,6 +241,7 @@ class LlamaCppLM:
                 f"a row differently from a one-token forward; use the ik_llama backend"
             )
         self.exact = exact
+        self.trees = self._takes_trees()
         if threads is not None and threads < 1:
             raise ValueError(f"threads = {threads} is invalid; use an integer >= 1")
         if max_sequences < 1:
@@ -272,10 +288,13 @@ class LlamaCppLM:
         self.info = BackendInfo(
             self.backend, str(path), self.threads, file_fingerprint(path), exact=exact
         )
-        self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self._batch = lib.llama_batch_init(n_batch, 0, 1 + TREE_LEAVES if self.trees else 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
         self._free = list(range(max_sequences))  # a heap: the lowest free slot is taken first
         self._lengths: dict[int, int] = {}
+        self._trees: dict[int, _Tree] = {}  # sequences holding a tree until `keep`
+        self._gaps = False  # cells may have been freed below used ones (`_close_gaps`)
+        self._spare = list(range(max_sequences, max_sequences + TREE_LEAVES * max_sequences))
         self.copy_ms = 0.0  # total time spent copying logits out of llama.cpp (for profiling)
 
     # -- what differs between llama.cpp libraries ---------------------------------------------
@@ -294,13 +313,18 @@ class LlamaCppLM:
         cparams.kv_unified = False  # one KV stream per slot: see the module docstring
         cparams.no_perf = True
 
+    def _takes_trees(self) -> bool:
+        """Whether `forward` takes token trees (module docstring)."""
+        return False
+
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         ctx, s = self._cell(slot)
         return self._lib.llama_memory_seq_rm(self._lib.llama_get_memory(ctx), s, p0, p1)
 
-    def _seq_cp(self, src: int, dst: int) -> None:
+    def _seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Give the cells of llama sequence src in positions [p0, p1) the id dst too."""
         memory = self._lib.llama_get_memory(self._ctxs[0])
-        self._lib.llama_memory_seq_cp(memory, src, dst, -1, -1)
+        self._lib.llama_memory_seq_cp(memory, src, dst, p0, p1)
 
     def _cell(self, slot: int) -> tuple[object, int]:
         """(the context holding slot, its llama sequence id there)."""
@@ -318,19 +342,58 @@ class LlamaCppLM:
             slot = self._slots[seq] = heapq.heappop(self._free)
         return slot
 
+    def _plant(self, seq: int, slot: int, have: int, parents: Sequence[int]) -> _Tree:
+        """Spare ids for a tree's leaves, with the cache of `slot` copied to each (module
+        docstring): the positions and sequence ids of the tree's tokens."""
+        n = len(parents)
+        depth = check_tree(seq, n, parents)
+        below: list[list[int]] = [[] for _ in range(n)]  # leaf ids below each token
+        inner = set(parents)
+        leaves = [j for j in range(n) if j not in inner]
+        if len(leaves) > TREE_LEAVES or len(leaves) > len(self._spare):
+            raise ValueError(
+                f"the tree of sequence {seq} has {len(leaves)} leaves; at most "
+                f"{min(TREE_LEAVES, len(self._spare))} fit"
+            )
+        ids = [self._spare.pop() for _ in leaves]
+        for j, leaf in zip(leaves, ids, strict=True):
+            self._seq_cp(slot, leaf)
+            while j >= 0:
+                below[j].append(leaf)
+                j = parents[j]
+        below[0].insert(0, slot)  # the first token is kept in every case
+        return _Tree(have, list(parents), ids, [have + d for d in depth], below)
+
     def forward(
         self,
         batch: Sequence[tuple[int, Sequence[int]]],
         last_only: bool = False,
         rows: Sequence[int] | None = None,
+        trees: Sequence[Sequence[int] | None] | None = None,
     ) -> list[np.ndarray]:
         check_rows(batch, rows, last_only)
+        if not self.trees:
+            refuse_trees(self.backend, trees)
         lib, b = self._lib, self._batch
+        if self._gaps:
+            self._close_gaps()
+            self._gaps = False
         plan = []  # (slot, first position, tokens) per entry
         for seq, tokens in batch:
             have = self._lengths.get(seq, 0)
+            if seq in self._trees:
+                raise ValueError(f"sequence {seq} holds a tree; keep a path of it first")
             check_append(seq, have, len(tokens), self.context_length)
             plan.append((self._slot(seq), have, tokens))
+        planted: dict[int, _Tree] = {}  # entry -> its tree
+        try:
+            for e, (seq, _) in enumerate(batch):
+                if trees is not None and trees[e] is not None:
+                    planted[e] = self._plant(seq, plan[e][0], plan[e][1], trees[e])
+        except ValueError:
+            for t in planted.values():
+                self._uproot(t)
+            raise
         order = sorted(range(len(plan)), key=lambda e: plan[e][0])  # by slot: see `passes`
         blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         outputs: list[int] = []  # entry of each logits row of the pending call
@@ -370,26 +433,66 @@ class LlamaCppLM:
                     decode()
                 ctx = here
                 width = EXACT_WIDTH if self.exact and not last_only else self.n_batch
+                tree = planted.get(e)
                 for i, t in enumerate(tokens):
                     if fill == width:
                         decode()
                     want = i == last if last_only else i < kept
                     b.token[fill] = t
-                    b.pos[fill] = start + i
-                    b.n_seq_id[fill] = 1
-                    b.seq_id[fill][0] = s
+                    if tree is None:
+                        b.pos[fill] = start + i
+                        b.n_seq_id[fill] = 1
+                        b.seq_id[fill][0] = s
+                    else:
+                        b.pos[fill] = tree.positions[i]
+                        b.n_seq_id[fill] = len(tree.ids[i])
+                        for j, x in enumerate(tree.ids[i]):
+                            b.seq_id[fill][j] = x
                     b.logits[fill] = want
                     if want:
                         outputs.append(e)
                     fill += 1
             decode()
         except RuntimeError:
+            for t in planted.values():
+                self._uproot(t)
             for seq, _ in batch:  # a failed call may leave cells behind: drop them
                 self._seq_rm(self._slots[seq], self._lengths.get(seq, 0), -1)
+            self._gaps = True
             raise
-        for seq, tokens in batch:
+        for e, (seq, tokens) in enumerate(batch):
             self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
+            if e in planted:
+                self._trees[seq] = planted[e]
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
+
+    def _uproot(self, tree: _Tree) -> None:
+        """Remove the leaves' ids from the cache (cells left with no id are free again)."""
+        for leaf in tree.leaves:
+            self._seq_rm(leaf, -1, -1)
+            self._spare.append(leaf)
+
+    def keep(self, seq: int, path: Sequence[int]) -> None:
+        tree = self._trees.get(seq)
+        if tree is None:
+            raise ValueError(f"sequence {seq} holds no tree; keep follows a tree's forward")
+        check_path(seq, tree.parents, path)
+        del self._trees[seq]
+        if len(path) > 1:  # the first token has the slot's id already
+            self._seq_cp(
+                tree.ids[path[-1]][0],
+                self._cell(self._slots[seq])[1],
+                tree.base + 1,
+                tree.base + len(path),
+            )
+        self._uproot(tree)
+        self._lengths[seq] = tree.base + len(path)
+        self._gaps = self._gaps or len(self._slots) > 1 or list(path) != list(range(len(path)))
+
+    def _close_gaps(self) -> None:
+        """Move the used cells together, where the library needs its cache without free cells
+        below used ones (ik_llama); `forward` calls it first when a rollback, release or kept
+        path may have left some (`_gaps`)."""
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         if self.exact:
@@ -403,20 +506,30 @@ class LlamaCppLM:
 
     def truncate(self, seq: int, n: int) -> None:
         have = self._lengths.get(seq, 0)
+        tree = self._trees.get(seq)
+        if tree is not None:  # a tree goes whole: keep the cache before it, at most
+            check_truncate(seq, tree.base + 1, n)
+            self._uproot(self._trees.pop(seq))
+            have = self._lengths[seq] = tree.base + 1
         check_truncate(seq, have, n)
         if n == have:
             return
         if not self._seq_rm(self._slots[seq], n, -1):
             raise RuntimeError(f"llama.cpp could not remove cache cells {n}.. of sequence {seq}")
         self._lengths[seq] = n
+        self._gaps = self._gaps or len(self._slots) > 1  # other sequences' cells may lie above
 
     def release(self, seq: int) -> None:
+        tree = self._trees.pop(seq, None)
+        if tree is not None:
+            self._uproot(tree)
         slot = self._slots.pop(seq, None)
         self._lengths.pop(seq, None)
         if slot is not None:
             self._seq_rm(slot, -1, -1)
             heapq.heappush(self._free, slot)
             self._compact()
+            self._gaps = self._gaps or bool(self._slots)
 
     def _compact(self) -> None:
         """Keep the sequences in the lowest slots: a free slot below a used one costs every
@@ -447,6 +560,18 @@ class LlamaCppLM:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown may have torn down ctypes
             self.close()
+
+
+@dataclass
+class _Tree:
+    """A tree fed to a sequence, until `keep`: the cache length before it, each token's parent,
+    the leaves' spare sequence ids, and each token's position and sequence ids (`_plant`)."""
+
+    base: int
+    parents: list[int]
+    leaves: list[int]
+    positions: list[int]
+    ids: list[list[int]]
 
 
 def equal_passes(slots: Sequence[tuple[int, int]], n_ubatch: int = 512) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ from specwise.backends.base import (
     eos_ids,
     file_fingerprint,
     one_pass_each,
+    refuse_trees,
 )
 
 __all__ = ["HFTokenizer", "TorchLM"]
@@ -111,6 +112,7 @@ class TorchLM:
         exact: bool = False,
     ) -> None:
         self.exact = exact
+        self.trees = False
         if isinstance(model_or_path, str | os.PathLike):
             path = Path(model_or_path)
             model, loaded_tok = _load(path)
@@ -145,8 +147,10 @@ class TorchLM:
         batch: Sequence[tuple[int, Sequence[int]]],
         last_only: bool = False,
         rows: Sequence[int] | None = None,
+        trees: Sequence[Sequence[int] | None] | None = None,
     ) -> list[np.ndarray]:
         check_rows(batch, rows, last_only)
+        refuse_trees("the torch backend", trees)
         out: list[np.ndarray] = []
         before = {seq: self._lengths.get(seq, 0) for seq, _ in batch}
         try:
@@ -191,6 +195,9 @@ class TorchLM:
         if self.exact:
             return one_pass_each(calls, 1)
         return [(1, n) for _, n in calls if n > 0]
+
+    def keep(self, seq: int, path: Sequence[int]) -> None:
+        raise ValueError(f"sequence {seq} holds no tree: the torch backend takes none")
 
     def length(self, seq: int) -> int:
         return self._lengths.get(seq, 0)
