@@ -508,8 +508,8 @@ def test_an_aligned_batch_decodes_exactly_as_plain_decoding():
         def passes(self, calls):
             return equal_passes(calls)
 
-        def forward(self, batch, last_only=False, rows=None):
-            out = super().forward(batch, last_only, rows)
+        def forward(self, batch, last_only=False, rows=None, trees=None):
+            out = super().forward(batch, last_only, rows, trees)
             self.asked.append(([len(t) for _, t in batch], rows))
             return out
 

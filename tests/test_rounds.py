@@ -42,8 +42,8 @@ class FaultyLM(ToyLM):
 
     inject = None
 
-    def forward(self, batch, last_only=False, rows=None):
-        out = super().forward(batch, last_only, rows)
+    def forward(self, batch, last_only=False, rows=None, trees=None):
+        out = super().forward(batch, last_only, rows, trees)
         if not last_only and self.inject is not None:
             self.inject()
         return out

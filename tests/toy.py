@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from specwise.backends.base import BackendInfo
+from specwise.backends.base import BackendInfo, check_path, check_tree
 
 # The summary keys `specwise generate --json` promises (issue: core), used by several tests.
 SUMMARY_KEYS = {
@@ -54,28 +54,46 @@ class ToyLM:
         self.tokenizer = None
         self.info = BackendInfo("toy", f"toy-{seed}", 1, f"toy-{seed}")
         self.exact = True  # every row is a function of its own prefix
+        self.trees = True
         self.caches: dict[int, list[int]] = {}
+        self.pending: dict[int, tuple[int, list[int], list[int]]] = {}  # seq -> a tree fed
         self.calls = 0
 
     def next_logits(self, prefix: Sequence[int]) -> np.ndarray:
         a = prefix[-2] if len(prefix) > 1 else 0
         return self.table[a, prefix[-1]]
 
-    def forward(self, batch, last_only=False, rows=None):
+    def forward(self, batch, last_only=False, rows=None, trees=None):
         self.calls += 1
         if any(self.delay_ms):
             n = sum(len(t) for _, t in batch)
             time.sleep((self.delay_ms[0] + self.delay_ms[1] * n) / 1000.0)
         out = []
-        for seq, tokens in batch:
+        for e, (seq, tokens) in enumerate(batch):
+            assert seq not in self.pending, "keep a path of the tree first"
             cache = self.caches.setdefault(seq, [])
             assert len(cache) + len(tokens) <= self.context_length
+            parents = None if trees is None else trees[e]
+            if parents is not None:  # each token sees the cache and its own ancestors
+                check_tree(seq, len(tokens), parents)
+                paths: list[list[int]] = []
+                for j, t in enumerate(tokens):
+                    paths.append([*(paths[parents[j]] if j else cache), int(t)])
+                self.pending[seq] = (len(cache), list(tokens), list(parents))
+                cache.extend(int(t) for t in tokens)
+                out.append(np.stack([self.next_logits(p) for p in paths]))
+                continue
             logits = []
             for t in tokens:
                 cache.append(int(t))
                 logits.append(self.next_logits(cache))
             out.append(np.stack(logits[-1:] if last_only else logits))
         return out if rows is None else [x[:n] for x, n in zip(out, rows, strict=True)]
+
+    def keep(self, seq, path):
+        base, tokens, parents = self.pending.pop(seq)
+        check_path(seq, parents, path)
+        self.caches[seq][base:] = [tokens[j] for j in path]
 
     def passes(self, calls):
         return [(1, sum(n for _, n in calls))]  # its delay depends on the total tokens only
@@ -84,11 +102,15 @@ class ToyLM:
         return len(self.caches.get(seq, []))
 
     def truncate(self, seq, n):
+        if seq in self.pending:  # a tree goes whole
+            base = self.pending.pop(seq)[0]
+            assert n <= base + 1
         assert 0 <= n <= self.length(seq)
         del self.caches[seq][n:]
 
     def release(self, seq):
         self.caches.pop(seq, None)
+        self.pending.pop(seq, None)
 
 
 def tiny_llama(

@@ -4,7 +4,9 @@
   online (old outcomes fade), with an optimistic bound for deciding what is worth trying;
 - `PlanHitRate`: how many of the accepted tokens a drafter's plans predicted came true;
 - `expected_tokens`: E(m) = 1 + Σ_{i<=m} Π_{j<=i} a_j, the tokens a round of m drafted
-  tokens emits, and `scaled`, E with its accepted part scaled.
+  tokens emits (of a tree's first m tokens: 1 + Σ_{i<=m} Π_{j on i's path} a_j), and
+  `scaled`, E with its accepted part scaled;
+- `reached`: which tokens of a draft verification reached, and which of them it accepted.
 
 Records and arithmetic only: no planning (`controller`), no costs (`costs`), no models.
 """
@@ -23,6 +25,8 @@ __all__ = [
     "Calibration",
     "PlanHitRate",
     "expected_tokens",
+    "positions",
+    "reached",
     "scaled",
 ]
 
@@ -94,11 +98,33 @@ def scaled(e: Sequence[float], scale: float) -> list[float]:
     return [1.0 + scale * (x - 1.0) for x in e]
 
 
-def expected_tokens(a: Sequence[float]) -> list[float]:
-    """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j."""
-    out, run, prod = [1.0], 1.0, 1.0
-    for x in a:
-        prod *= x
-        run += prod
+def expected_tokens(a: Sequence[float], parents: Sequence[int] | None = None) -> list[float]:
+    """E(m) for m = 0..len(a): 1 + Σ_{i<=m} Π_{j<=i} a_j for a chain; for a tree (`parents`,
+    -1 for a token that follows the context) the product runs over token i's path, since a
+    token is accepted when it and every ancestor are (a_i: given its parent was)."""
+    out, run, path = [1.0], 1.0, []  # path[i]: the chance that token i is accepted
+    for i, x in enumerate(a):
+        q = i - 1 if parents is None else parents[i]
+        path.append(x * (path[q] if q >= 0 else 1.0))
+        run += path[-1]
         out.append(run)
     return out
+
+
+def positions(parents: Sequence[int] | None, n: int) -> list[int]:
+    """The position of each of a draft's first n tokens: its depth in a tree (0: it follows
+    the context; parents[i] = -1), its index in a chain (parents None)."""
+    if parents is None:
+        return list(range(n))
+    depth: list[int] = []
+    for q in parents[:n]:
+        depth.append(0 if q < 0 else depth[q] + 1)
+    return depth
+
+
+def reached(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, bool]]:
+    """(token, accepted) for every token of a draft that verification reached: the children of
+    the context and of each accepted token; accepted: the tokens on the accepted `path`. For a
+    chain that accepted m tokens: tokens 0..m, the first m accepted."""
+    on = set(path)
+    return [(i, i in on) for i, q in enumerate(parents) if q == -1 or q in on]

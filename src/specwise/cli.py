@@ -52,7 +52,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model with the target's tokenizer (name or path)")
     p.add_argument(
         "--drafter",
-        help="drafters, comma separated (model, ngram, suffix); default with --k auto: ngram "
+        help="drafters, comma separated (model, ngram, suffix, suffix-chain); default with --k "
+        "auto: ngram "
         "and suffix, plus model with --draft; with a fixed k: model with --draft, else ngram",
     )
     p.add_argument(
@@ -67,6 +68,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=256.0,
         help="MiB the suffix drafter's memory of earlier requests may hold (default 256)",
+    )
+    p.add_argument(
+        "--suffix-branches",
+        type=int,
+        default=3,
+        help="most continuations the suffix drafter offers after a token, as a tree, where "
+        "the backend scores trees in one call (ik_llama; default 3; 1: chains only)",
     )
     p.add_argument(
         "--suffix-cache",
@@ -159,7 +167,12 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     target, draft = _load_models(a, need_draft="model" in names, max_sequences=max_sequences)
     options = {
         "model": {"lm": draft},
-        "suffix": {"scope": a.suffix_scope, "budget_mib": a.suffix_budget},
+        "suffix": {
+            "scope": a.suffix_scope,
+            "budget_mib": a.suffix_budget,
+            "branches": a.suffix_branches,
+        },
+        "suffix-chain": {"scope": a.suffix_scope, "budget_mib": a.suffix_budget},
     }
     drafters = [make_drafter(n, **options.get(n, {})) for n in names]
     if a.suffix_cache and "suffix" in names and Path(a.suffix_cache).exists():

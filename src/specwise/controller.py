@@ -75,6 +75,8 @@ from specwise.acceptance import (
     Calibration,
     PlanHitRate,
     expected_tokens,
+    positions,
+    reached,
     scaled,
 )
 from specwise.backends.base import LM
@@ -128,6 +130,7 @@ class Offered:
     offers: dict[str, Sequence[float | None]]  # cheap drafter -> confidence of each token
     plan: Plan | None  # its own plan (None: k was fixed)
     only: str | None = None
+    trees: dict[str, Sequence[int] | None] = field(default_factory=dict)  # offer -> parents
 
 
 @dataclass(frozen=True)
@@ -220,13 +223,15 @@ class Controller:
         lags: dict[str, int] | None = None,
         remaining: int = 1 << 30,
         only: str | None = None,
+        trees: dict[str, Sequence[int] | None] | None = None,
     ) -> Plan:
         """Choose for request `rid`. room: the most draft tokens this round may hold; offers:
         for each cheap drafter, the confidence of each token it has on offer (None where it
         has none); lags: context tokens each drafter
         must catch up on first; remaining: tokens the request may still emit; only: consider
-        just this drafter."""
-        offers, lags = offers or {}, lags or {}
+        just this drafter; trees: the parents of each offer that is a tree (a parent before
+        its children: a plan takes a prefix of the offer, which is a tree too)."""
+        offers, lags, trees = offers or {}, lags or {}, trees or {}
         plain_ms = self._round_ms(None, 0, batch)
         plain_g = (batch.expected + 1.0) / plain_ms
         best = Plan(None, 0, 0, plain_g, plain_g, reason="plain decoding is expected fastest")
@@ -241,21 +246,23 @@ class Controller:
                 continue  # beside this batch any draft is a pass of its own
             catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
             st = self._state[d.name]
-            a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None)
+            shape = trees.get(d.name) if d.cheap else None
+            shape = None if shape is None else shape[:cap]
+            a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None, shape)
             scale = st.hit_rate.factor() if batch.calls else 1.0
             m, g, e = self._best_length(
-                d.name, a, batch, catch_up / max(remaining, 1), scale, lengths
+                d.name, a, batch, catch_up / max(remaining, 1), scale, lengths, shape
             )
             if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
                 dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
                 reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
                 k = m if d.cheap or batch.calls else cap  # a longer draft could need a pass
                 best = Plan(d, k, m, g[m], plain_g, e[m], dms, reason=reason)
-                predicted = expected_tokens(a)
+                predicted = expected_tokens(a, shape)
             elif batch.calls:  # no probes in a batch: see the module docstring
                 continue
             elif d.cheap:
-                probe_m = self._worth_probing(d, offers[d.name][:cap], batch)
+                probe_m = self._worth_probing(d, offers[d.name][:cap], batch, shape)
                 if probe_m:
                     passed_over.append((d, probe_m))
             elif catch_up <= plain_ms:
@@ -312,17 +319,24 @@ class Controller:
         p.wait = p.gap - 1
 
     def _acceptances(
-        self, name: str, rid: str, n: int, offer: Sequence[float | None] | None
+        self,
+        name: str,
+        rid: str,
+        n: int,
+        offer: Sequence[float | None] | None,
+        parents: Sequence[int] | None = None,
     ) -> list[float]:
-        """Predicted acceptance of draft positions 0..n-1 for request rid: its α by position,
-        informed by the offer's own confidences where there are any (calibrated)."""
+        """Predicted acceptance of draft tokens 0..n-1 for request rid (of a tree's: given
+        their parent's): its α at their position (a tree token's: its depth), informed by the
+        offer's own confidences where there are any (calibrated)."""
         st = self._state[name]
-        a = st.request_alpha(rid, n)
+        depth = positions(parents, n)
+        a = st.request_alpha(rid, max(depth, default=-1) + 1)
         if offer is None:
-            return a
+            return [a[i] for i in depth]
         return [
-            x if c is None else st.calibrated(c, i, x)
-            for i, (x, c) in enumerate(zip(a, offer, strict=False))
+            a[i] if c is None else st.calibrated(c, i, a[i])
+            for i, c in zip(depth, offer, strict=False)
         ]
 
     def align(
@@ -360,7 +374,10 @@ class Controller:
             for d in self.drafters:
                 offer = o.offers.get(d.name, ())[:longest]
                 if d.cheap and offer and o.only in (None, d.name):
-                    e = expected_tokens(self._acceptances(d.name, o.rid, len(offer), offer))
+                    shape = o.trees.get(d.name)
+                    shape = None if shape is None else shape[:longest]
+                    a = self._acceptances(d.name, o.rid, len(offer), offer, shape)
+                    e = expected_tokens(a, shape)
                     raw[-1][d.name] = e
                     expect[-1][d.name] = scaled(e, self._state[d.name].hit_rate.factor())
         best: Alignment | None = None
@@ -434,13 +451,15 @@ class Controller:
         ms_per_expected: float = 0.0,
         scale: float = 1.0,
         lengths: Sequence[int] | None = None,
+        parents: Sequence[int] | None = None,
     ) -> tuple[int, list[float], list[float]]:
         """(m, G, E): the draft length m <= len(a) with the best goodput G[m] of the round,
         given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
         ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
         scale multiplies the expected accepted tokens E - 1; lengths (default: all) are the
-        ones that may be chosen, G is 0 at the others."""
-        e = scaled(expected_tokens(a), scale)
+        ones that may be chosen, G is 0 at the others; parents: the draft's, for a tree (m
+        is then the number of its first tokens)."""
+        e = scaled(expected_tokens(a, parents), scale)
         g = [0.0] * len(e)
         for m in range(len(e)) if lengths is None else lengths:
             c = self._round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0)
@@ -462,7 +481,13 @@ class Controller:
             if len(self._passes((*batch.calls, (batch.seq, 1 + m)))) <= plain
         ]
 
-    def _worth_probing(self, d: Drafter, offer: Sequence[float | None], batch: Batch) -> int:
+    def _worth_probing(
+        self,
+        d: Drafter,
+        offer: Sequence[float | None],
+        batch: Batch,
+        parents: Sequence[int] | None = None,
+    ) -> int:
         """The shortest proposal length that would pay were this request an average one and
         the offer's confidences as good as their calibration optimistically allows; 0 when
         none would beat plain decoding. The shortest, not the best: a probe is there to measure
@@ -473,9 +498,9 @@ class Controller:
         st = self._state[d.name]
         a = [
             st.global_alpha(i) if c is None else st.calibration.optimistic(c)
-            for i, c in enumerate(offer)
+            for i, c in zip(positions(parents, len(offer)), offer, strict=True)
         ]
-        _, g, _ = self._best_length(d.name, a, batch)
+        _, g, _ = self._best_length(d.name, a, batch, parents=parents)
         return next((m for m in range(1, len(g)) if g[m] > g[0]), 0)
 
     def _probe(
@@ -509,24 +534,38 @@ class Controller:
         return keep_going
 
     # -- learning ----------------------------------------------------------------------------
-    def observe(self, rid: str, drafter: str | None, draft: Draft, accepted: int) -> None:
-        """Learn from one verified round: which draft positions were reached and accepted."""
+    def observe(
+        self,
+        rid: str,
+        drafter: str | None,
+        draft: Draft,
+        accepted: int,
+        path: Sequence[int] = (),
+    ) -> None:
+        """Learn from one verified round: which draft positions were reached and accepted
+        (path: a tree draft's accepted tokens, root first). α by position learns whether
+        anything was accepted at each depth reached; the calibration, from every token
+        reached (in a tree, the siblings of the accepted tokens too)."""
         if drafter is None or not draft.tokens:
             return
         st = self._state[drafter]
         e = st.planned.pop(rid, None)
         if e is not None:  # a planned round (not a probe): how much of the plan came true
             st.hit_rate.observe(e[min(len(draft.tokens), len(e) - 1)] - 1.0, float(accepted))
+        shape = draft.shape()
+        seen = reached(shape, path if draft.parents is not None else range(accepted))
+        depth = positions(shape, len(shape))
         reqa = st.requests.setdefault(rid, [])
-        st.request_alpha(rid, len(draft.tokens))
-        for i in range(min(accepted + 1, len(draft.tokens))):
+        st.request_alpha(rid, max(depth) + 1)  # grows reqa to the draft's depth
+        for i in sorted({depth[j] for j, _ in seen}):
             ok = float(i < accepted)
             reqa[i] = (1 - REQUEST_EMA) * reqa[i] + REQUEST_EMA * ok
             while len(st.alpha) <= i:
                 st.alpha.append(PRIOR_ALPHA)
             st.alpha[i] = (1 - GLOBAL_EMA) * st.alpha[i] + GLOBAL_EMA * ok
-            if draft.confidence is not None:
-                st.calibration.observe(draft.confidence[i], bool(ok))
+        if draft.confidence is not None:
+            for j, ok in seen:
+                st.calibration.observe(draft.confidence[j], ok)
 
     def forget(self, rid: str) -> None:
         """Drop a finished request's estimates (the averages over requests stay, and are saved

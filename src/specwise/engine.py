@@ -6,10 +6,12 @@ One round (`Engine.step`) for every running request:
              k="auto" and several requests, the controller may then align the batch: every
              sequence brings the same number of tokens, drafts padded with filler that is fed
              (one pass on llama.cpp instead of several) but never verified;
-2. score   — ONE target forward over the batch: each request's last emitted token + its draft;
-3. verify  — the acceptance rule keeps a prefix of the draft and emits one more token;
-4. commit  — roll the target cache back to the committed tokens, tell the drafter, and cut
-             the emission at EOS, a stop string or max_tokens;
+2. score   — ONE target forward over the batch: each request's last emitted token + its draft
+             (a tree draft as a tree: each token sees only its ancestors, `LM.trees`);
+3. verify  — the acceptance rule keeps a prefix of the draft (a path of a tree) and emits one
+             more token;
+4. commit  — roll the target cache back to the committed tokens (keep the accepted path of a
+             tree), tell the drafter, and cut the emission at EOS, a stop string or max_tokens;
 5. record  — one RoundTrace per request.
 
 With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
@@ -43,7 +45,13 @@ from specwise.drafters.base import Draft, Drafter
 from specwise.request import GenerationResult, Request
 from specwise.sampling import LazyRows, Sampler, SamplingParams
 from specwise.trace import JsonlSink, RoundTrace, summarize
-from specwise.verify import Verdict, greedy_match, rejection_sample
+from specwise.verify import (
+    Verdict,
+    greedy_match,
+    rejection_sample,
+    tree_greedy_match,
+    tree_sample_and_match,
+)
 
 __all__ = ["Engine", "Proposal"]
 
@@ -331,6 +339,7 @@ class Engine:
             lags,
             remaining=r.params.max_tokens - len(r.tokens),
             only=r.only,
+            trees={n: o.parents for n, o in offers.items()},
         )
         d = plan.drafter
         if d is None or r.drafter_errors:
@@ -391,6 +400,8 @@ class Engine:
             else:
                 p = Proposal(None, Draft([], None), unplanned)
             p.draft = p.draft.prefix(self._room(r))  # a drafter must not overshoot
+            if p.draft.parents is not None and not self.target.trees:
+                p.draft = p.draft.chain()  # a drafter that ignored bind: its first chain
             p.drafter = p.drafter if p.draft.tokens else None
             p.ms = (time.perf_counter() - t) * _ms
             props.append(p)
@@ -403,27 +414,39 @@ class Engine:
     def _score(
         self, live: Sequence[Request], props: Sequence[Proposal], width: int
     ) -> tuple[list[tuple[int, list[int]]], list[np.ndarray]]:
-        """Step 2: ONE target forward over the batch, [last emitted token] + draft each, and
-        filler up to `width` tokens where the batch was aligned (fed, never verified: its
-        logits are not asked for). Returns the calls and each request's logits [k+1, V]."""
+        """Step 2: ONE target forward over the batch, [last emitted token] + draft each (a tree
+        draft as a tree under that token), and filler up to `width` tokens where the batch was
+        aligned (fed after the draft's last token, never verified: its logits are not asked
+        for). Returns the calls and each request's logits [k+1, V]."""
         for p in props:
             p.padded = max(0, width - 1 - len(p.draft.tokens))
         calls = [
             (r.seq, [r.context[-1], *p.draft.tokens] + [r.context[-1]] * p.padded)
             for r, p in zip(live, props, strict=True)
         ]
+        trees = [
+            None
+            if p.draft.parents is None
+            else [-1, *(q + 1 for q in p.draft.parents), *range(len(p.draft.tokens), len(c) - 1)]
+            for p, (_, c) in zip(props, calls, strict=True)
+        ]
         rows = [1 + len(p.draft.tokens) for p in props] if width else None
-        return calls, self.target.forward(calls, rows=rows)
+        if not any(t is not None for t in trees):
+            trees = None
+        return calls, self.target.forward(calls, rows=rows, trees=trees)
 
     def _commit(self, r: Request, p: Proposal, verdict: Verdict) -> int:
         """Step 4 for one request: roll the target cache back to the committed tokens, tell
         the drafter, emit; returns the tokens emitted."""
-        self.target.truncate(r.seq, len(r.context) + verdict.accepted)
+        if p.draft.parents is None:
+            self.target.truncate(r.seq, len(r.context) + verdict.accepted)
+        else:
+            self.target.keep(r.seq, [0, *(i + 1 for i in verdict.path)])
         if p.drafter is not None:
             d = p.drafter
             self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
             if self.controller is not None:
-                self.controller.observe(r.id, d.name, p.draft, verdict.accepted)
+                self.controller.observe(r.id, d.name, p.draft, verdict.accepted, verdict.path)
         return self._emit(r, verdict.tokens)
 
     def _undo(self, r: Request, rng: dict) -> None:
@@ -479,6 +502,7 @@ class Engine:
                 {n: o.scores() for n, o in p.offers.items()},
                 p.plan,
                 r.only,
+                {n: o.parents for n, o in p.offers.items()},
             )
             for r, p in zip(live, props, strict=True)
         ]
@@ -530,6 +554,7 @@ class Engine:
             decision=None if plan is None else plan.reason,
             padded=p.padded,
             step=step,
+            depth=None if p.draft.parents is None else p.draft.depth(),
         )
         r.rounds.append(rt)
         r.clock = now
@@ -541,10 +566,15 @@ class Engine:
                 self.trace = None
 
     def _verify(self, r: Request, d: Draft, logits: np.ndarray) -> Verdict:
-        """logits [k+1, V] -> the acceptance rule's verdict."""
+        """logits [k+1, V] -> the acceptance rule's verdict (a tree draft's: point masses)."""
         if r.params.greedy:
-            return greedy_match(d.tokens, np.argmax(logits, axis=-1))
+            top = np.argmax(logits, axis=-1)
+            if d.parents is not None:
+                return tree_greedy_match(d.tokens, d.parents, top)
+            return greedy_match(d.tokens, top)
         p = LazyRows(logits, r.params)  # [k+1, V], warped on demand
+        if d.parents is not None:
+            return tree_sample_and_match(d.tokens, d.parents, p, r.sampler)
         return rejection_sample(d.tokens, d.probs, p, r.sampler)
 
     def _emit(self, r: Request, tokens: list[int]) -> int:

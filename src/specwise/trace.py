@@ -4,6 +4,9 @@ The engine counts at the source (one `RoundTrace` per request per round); this m
 those records into figures; bench, server and CLI only display them. Definitions (DESIGN.md §4):
 
 - proposed: draft tokens scored in a round (k); accepted: the kept prefix of the draft;
+- a tree draft (several continuations sharing prefixes): proposed counts its tokens, depth its
+  longest path, accepted the tokens on the path kept, and positions are depths; acceptance
+  rates of trees and chains are not comparable (a tree spends tokens on width);
 - padded: filler tokens fed after the draft when the controller aligned the batch to one
   length (they make the call one pass; they are never verified nor counted as proposed);
 - emitted: accepted + 1 per round, fewer only when EOS / a stop string / max_tokens cut a round;
@@ -67,6 +70,12 @@ class RoundTrace:
     decision: str | None = None  # the controller's reason, in words
     padded: int = 0  # filler tokens fed after the draft to align a batch (never verified)
     step: int | None = None  # the engine's step (rounds of one batch share it); None: round 0
+    depth: int | None = None  # a tree draft's longest path; None: a chain (depth = proposed)
+
+    @property
+    def reach(self) -> int:
+        """Draft positions the round proposed: its draft's depth."""
+        return self.proposed if self.depth is None else self.depth
 
     @property
     def round_ms(self) -> float:
@@ -79,10 +88,10 @@ class RoundTrace:
 def alpha_per_position(rounds: Iterable[RoundTrace]) -> list[float | None]:
     """Conditional acceptance α_i for i = 0 .. max proposed − 1 (None where never reached)."""
     rounds = list(rounds)
-    depth = max((r.proposed for r in rounds), default=0)
+    depth = max((r.reach for r in rounds), default=0)
     out: list[float | None] = []
     for i in range(depth):
-        reached = [r for r in rounds if r.proposed > i and r.accepted >= i]
+        reached = [r for r in rounds if r.reach > i and r.accepted >= i]
         out.append(sum(r.accepted > i for r in reached) / len(reached) if reached else None)
     return out
 
@@ -90,7 +99,7 @@ def alpha_per_position(rounds: Iterable[RoundTrace]) -> list[float | None]:
 def acceptance_per_position(rounds: Iterable[RoundTrace]) -> list[float]:
     """Unconditional acceptance at each draft position over rounds that proposed anything."""
     spec = [r for r in rounds if r.proposed > 0]
-    depth = max((r.proposed for r in spec), default=0)
+    depth = max((r.reach for r in spec), default=0)
     return [sum(r.accepted > i for r in spec) / len(spec) for i in range(depth)]
 
 

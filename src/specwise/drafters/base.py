@@ -6,7 +6,10 @@ A drafter proposes up to k tokens for one sequence. Its invariants:
   that picks by argmax, or copies tokens (n-gram), returns `probs=None` (a point mass);
 - all randomness comes from the request's `Sampler`, passed to `propose`;
 - a drafter with a cache holds only committed tokens in it: after `commit`, its cache is a
-  prefix of the committed tokens (it catches up on the rest at the next `propose`).
+  prefix of the committed tokens (it catches up on the rest at the next `propose`);
+- a tree draft (`Draft.parents`: several continuations sharing prefixes) is offered only to a
+  target that takes trees (`LM.trees`), is a point mass, and lists a parent before its
+  children, so that every prefix of it is a tree.
 
 Drafters never import the engine; the engine calls them only through this protocol.
 """
@@ -20,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from specwise.acceptance import positions
 from specwise.backends.base import LM, Reserved
 from specwise.sampling import Sampler, SamplingParams
 
@@ -31,22 +35,49 @@ class Draft:
     tokens: list[int]  # [k'] with k' <= k (a drafter may propose fewer, even none)
     probs: np.ndarray | None  # [k', V] q warped with the request's params; None = point mass
     # [k'] the drafter's own probability of each token it proposed (its confidence), if it has
-    # one: q(x) when sampling, the unwarped softmax probability of the argmax when greedy.
+    # one: q(x) when sampling, the unwarped softmax probability of the argmax when greedy; in a
+    # tree, given that its parent was accepted.
     confidence: list[float] | None = None
+    # [k'] a tree: the index of each token's parent (-1: it follows the context); None: a chain
+    parents: list[int] | None = None
 
     def scores(self) -> list[float | None]:
         """The confidence of each token, None where the drafter gives none."""
         return list(self.confidence) if self.confidence is not None else [None] * len(self.tokens)
 
     def prefix(self, n: int) -> Draft:
-        """The first n tokens of the draft (with their q rows and confidences)."""
-        if n >= len(self.tokens):
+        """The first n tokens of the draft (with their q rows, confidences and parents: None
+        where they make a chain)."""
+        tree = self.parents is not None and _tree_or_chain(self.parents) is not None
+        if n >= len(self.tokens) and (self.parents is None or tree):
             return self
         return Draft(
             self.tokens[:n],
             None if self.probs is None else self.probs[:n],
             None if self.confidence is None else self.confidence[:n],
+            None if self.parents is None else _tree_or_chain(self.parents[:n]),
         )
+
+    def chain(self) -> Draft:
+        """The longest prefix of the draft that is a chain, as a chain."""
+        if self.parents is None:
+            return self
+        n = next((i for i, q in enumerate(self.parents) if q != i - 1), len(self.tokens))
+        d = self.prefix(n)
+        return Draft(d.tokens, d.probs, d.confidence)
+
+    def shape(self) -> list[int]:
+        """Each token's parent (-1: it follows the context), for a chain too."""
+        return list(range(-1, len(self.tokens) - 1)) if self.parents is None else self.parents
+
+    def depth(self) -> int:
+        """Tokens on the draft's longest path (its length, for a chain)."""
+        return max(positions(self.parents, len(self.tokens)), default=-1) + 1
+
+
+def _tree_or_chain(parents: list[int]) -> list[int] | None:
+    """A draft's parents, or None where they make a chain."""
+    return None if all(q == i - 1 for i, q in enumerate(parents)) else parents
 
 
 KeepGoing = Callable[

@@ -3,9 +3,12 @@ and in earlier requests (SuffixDecoding's idea: home users repeat themselves).
 
 Each round looks the context's suffix (up to MAX_MATCH tokens) up in the request's own tokens
 (`LiveIndex`) and in the memory of earlier requests (`SuffixIndex`: their prompts and outputs),
-takes the longest match and proposes the most frequent continuation of its occurrences, with
-each token's share of them as its confidence (a score the controller calibrates). Drafts are
-point masses (`probs=None`), so any acceptance rule stays exact.
+takes the longest match and proposes the continuations of its occurrences, with each token's
+share of them as its confidence (a score the controller calibrates): as a tree, grown best first
+(up to `branches` children a token), where the target takes trees in one call (`LM.trees`),
+else the most frequent continuation as a chain. Drafts are point masses (`probs=None`), so any
+acceptance rule stays exact. `suffix-chain` is the same drafter drafting chains only (to
+measure what the trees add).
 
 Scope of the memory (`scope`): "request" keeps none; "key" keeps one per tenant (the server's
 API key: one tenant never gets drafts built from another's text); "global" one for all. The
@@ -23,7 +26,7 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, measure_cheap, register
-from specwise.drafters.suffix_index import MAX_MATCH, LiveIndex, SuffixIndex, chain
+from specwise.drafters.suffix_index import MAX_MATCH, LiveIndex, SuffixIndex, tree
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["SCOPES", "SuffixDrafter"]
@@ -36,20 +39,31 @@ class SuffixDrafter:
     name = "suffix"
     cheap = True
 
-    def __init__(self, scope: str = "key", budget_mib: float = 256.0) -> None:
+    def __init__(self, scope: str = "key", budget_mib: float = 256.0, branches: int = 3) -> None:
         if scope not in SCOPES:
             raise ValueError(f"suffix scope {scope!r} is unknown; use one of {', '.join(SCOPES)}")
         if not budget_mib > 0:
             raise ValueError(f"suffix budget {budget_mib} MiB is invalid; use a number > 0")
+        if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+            raise ValueError(f"suffix branches = {branches!r} is invalid; use an integer >= 1")
         self.scope = scope
+        self.branches = branches
+        self._width = 1  # branches offered to the bound target (1 unless it takes trees)
         self.budget = int(budget_mib * (1 << 20))
         self.fingerprint = f"suffix:{MAX_MATCH}"
         self.memories: dict[str, SuffixIndex] = {}  # tenant ("" for all) -> earlier requests
         self._live: dict[int, LiveIndex] = {}
         self._tenant: dict[int, str] = {}
 
+    @classmethod
+    def chains(cls, **options) -> SuffixDrafter:
+        """The drafter that proposes chains only, registered as `suffix-chain`."""
+        d = cls(branches=1, **options)
+        d.name = "suffix-chain"
+        return d
+
     def bind(self, target: LM) -> None:
-        return None
+        self._width = self.branches if target.trees else 1
 
     def _memory(self, tenant: str | None) -> SuffixIndex | None:
         if self.scope == "request":
@@ -85,10 +99,12 @@ class SuffixDrafter:
         found = [*before, *([here] if here is not None else [])]  # oldest first
         longest = max((o.length for o in found), default=0)
         found = [o for o in found if o.length == longest]
-        tokens, conf = chain(found, k)
+        tokens, parents, conf = tree(found, k, self._width)
         if before and tokens and mem is not None:
             mem.touch(before)
-        return Draft(tokens, None, conf) if tokens else Draft([], None)
+        if not tokens:
+            return Draft([], None)
+        return Draft(tokens, None, conf, parents).prefix(len(tokens))  # a chain: parents None
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
         return None
@@ -160,3 +176,6 @@ class SuffixDrafter:
             if mem is not None:
                 mem.add_documents(data[f"tokens{i}"], data[f"lengths{i}"])
             i += 1
+
+
+register("suffix-chain")(SuffixDrafter.chains)

@@ -14,14 +14,16 @@ tokens) that occurred earlier, and the positions where it ended:
   segments and one per `segment_tokens` beyond. A segment costs 8 bytes per token (text +
   order); past its budget the index drops its least recently used segment.
 
-`chain` turns occurrences into a proposal: the most frequent continuation, token by token, with
-each token's share of the occurrences that reached it as its confidence. This module knows no
+`tree` turns occurrences into a proposal: their continuations as a tree, grown best first, with
+each token's share of the occurrences that reached it as its confidence; `chain` is the tree
+of one branch, the most frequent continuation. This module knows no
 drafter, engine or model.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import threading
 import time
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_MATCH", "LiveIndex", "Occurrences", "SuffixIndex", "chain"]
+__all__ = ["MAX_MATCH", "LiveIndex", "Occurrences", "SuffixIndex", "chain", "tree"]
 
 MAX_MATCH = 12  # longest context suffix looked up, in tokens
 SEP = -1  # between documents; never a token, so no match runs across two documents
@@ -52,30 +54,51 @@ class Occurrences:
 
 
 def chain(found: Sequence[Occurrences], k: int) -> tuple[list[int], list[float]]:
-    """The most frequent continuation of the occurrences, up to k tokens, and each token's
-    confidence: the share c / n of the n still-agreeing occurrences that continued with it,
-    times m / (m + 2) with m the tokens matched so far (a long match is a better predictor);
-    a score in (0, 1) that the controller calibrates. Ties go to the most recent occurrence."""
-    if not found or k <= 0:
-        return [], []
-    m = found[0].length
-    alive = [(o.text, int(e) + 1) for o in found for e in o.ends]
-    tokens: list[int] = []
-    conf: list[float] = []
-    while len(tokens) < k and alive:
-        n = len(alive)
-        nxt = [(text, p, int(text[p])) for text, p in alive if p < len(text) and text[p] != SEP]
-        if not nxt:
-            break
-        counts = Counter(t for _, _, t in nxt)
-        top = max(counts.values())
-        # the most recent among the most frequent: occurrences are listed oldest first
-        best = next(t for _, _, t in reversed(nxt) if counts[t] == top)
-        tokens.append(best)
-        conf.append(top / n * (m / (m + 2)))
-        alive = [(text, p + 1) for text, p, t in nxt if t == best]
-        m += 1
+    """`tree` with one branch: the most frequent continuation, up to k tokens, and each
+    token's confidence."""
+    tokens, _, conf = tree(found, k, 1)
     return tokens, conf
+
+
+def tree(
+    found: Sequence[Occurrences], k: int, branches: int = 1
+) -> tuple[list[int], list[int], list[float]]:
+    """The continuations of the occurrences as a tree of up to k tokens: (tokens, parents
+    (-1: after the context), confidence of each token). A token's confidence is the share
+    c / n of the n occurrences that reached its parent which continued with it, times
+    m / (m + 2) with m the tokens matched so far (a long match is a better predictor): a score
+    in (0, 1) that the controller calibrates. Each token gets up to `branches` children, the
+    most frequent first (ties: the most recent occurrence; occurrences are listed oldest
+    first), and the tree grows best first by the product of the confidences on a token's
+    path, so every prefix of the tokens is a tree, and the best of its size by that score.
+    With one branch it is a chain: the most frequent continuation, token by token."""
+    if not found or k <= 0:
+        return [], [], []
+    tokens: list[int] = []
+    parents: list[int] = []
+    conf: list[float] = []
+    order = itertools.count()  # among equal scores, the better-ranked sibling first
+    alive = [(o.text, int(e) + 1) for o in found for e in o.ends]
+    frontier: list = []  # (-path score, rank, parent, token, its occurrences, matched, conf)
+
+    def offer(parent: int, alive: list, m: int, score: float) -> None:
+        nxt = [(text, p, int(text[p])) for text, p in alive if p < len(text) and text[p] != SEP]
+        counts = Counter(t for _, _, t in nxt)
+        recent = {t: i for i, (_, _, t) in enumerate(nxt)}
+        ranked = sorted(counts, key=lambda t: (counts[t], recent[t]), reverse=True)
+        for t in ranked[:branches]:
+            c = counts[t] / len(alive) * (m / (m + 2))
+            follow = [(text, p + 1) for text, p, x in nxt if x == t]
+            heapq.heappush(frontier, (-score * c, next(order), parent, t, follow, m + 1, c))
+
+    offer(-1, alive, found[0].length, 1.0)
+    while frontier and len(tokens) < k:
+        neg, _, parent, t, follow, m, c = heapq.heappop(frontier)
+        tokens.append(t)
+        parents.append(parent)
+        conf.append(c)
+        offer(len(tokens) - 1, follow, m, -neg)
+    return tokens, parents, conf
 
 
 class LiveIndex:
