@@ -28,7 +28,7 @@ from specwise.controller import (
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
 from specwise.oracle import plain_decode
-from toy import ToyLM, tiny_llama
+from toy import StubDrafter, ToyLM, tiny_llama
 
 
 class Named:
@@ -195,19 +195,13 @@ def test_no_run_of_failures_locks_a_cheap_drafter_out():
     assert any(p.drafter is not None for p in plans)
 
 
-class AlwaysWrong:
+class AlwaysWrong(StubDrafter):
     """A pathological drafter: proposes a token the target never picks."""
 
     name, cheap, fingerprint = "wrong", False, "wrong"
 
     def __init__(self, lm):
         self.lm = lm
-
-    def bind(self, target):
-        pass
-
-    def begin(self, seq, prompt, tenant=None):
-        pass
 
     def propose(self, seq, context, k, params, sampler, keep_going=None):
         best = int(np.argmax(self.lm.next_logits(context)))
@@ -218,15 +212,6 @@ class AlwaysWrong:
             if keep_going is not None and not keep_going(i + 1, 0.99):
                 break
         return Draft(out, None, [0.99] * len(out))
-
-    def commit(self, seq, accepted, emitted):
-        pass
-
-    def end(self, seq):
-        pass
-
-    def lag(self, seq, context):
-        return 0
 
     def measure_cost(self):
         return 1.0, 0.0

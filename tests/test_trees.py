@@ -17,10 +17,10 @@ from specwise.drafters.suffix import SuffixDrafter
 from specwise.drafters.suffix_index import Occurrences, chain, tree
 from specwise.oracle import plain_decode
 from test_distribution import chi2_pvalue, exact_joint, sampled_counts
-from toy import ToyLM
+from toy import StubDrafter, ToyLM
 
 
-class RandomTrees:
+class RandomTrees(StubDrafter):
     """A drafter of random point-mass trees (parents before children, distinct siblings), so
     that every shape and every outcome of verification occurs."""
 
@@ -31,9 +31,6 @@ class RandomTrees:
 
     def bind(self, target):
         assert target.trees
-
-    def begin(self, seq, prompt, tenant=None):
-        pass
 
     def propose(self, seq, context, k, params, sampler, keep_going=None):
         tokens, parents, used = [], [], {}
@@ -47,18 +44,6 @@ class RandomTrees:
             tokens.append(t)
             parents.append(q)
         return Draft(tokens, None, [0.5] * len(tokens), parents).prefix(len(tokens))
-
-    def commit(self, seq, accepted, emitted):
-        pass
-
-    def end(self, seq):
-        pass
-
-    def lag(self, seq, context):
-        return 0
-
-    def measure_cost(self):
-        return 0.0, 0.0
 
 
 def occurrences(text, ends, length=2):

@@ -145,6 +145,31 @@ def tiny_llama(
     return model.eval()
 
 
+class StubDrafter:
+    """The Drafter protocol's bookkeeping as no-ops, for a test drafter that defines `propose`
+    (and overrides whatever else it needs)."""
+
+    name, cheap, fingerprint = "stub", True, "stub"
+
+    def bind(self, target):
+        pass
+
+    def begin(self, seq, prompt, tenant=None):
+        pass
+
+    def commit(self, seq, accepted, emitted):
+        pass
+
+    def end(self, seq):
+        pass
+
+    def lag(self, seq, context):
+        return 0
+
+    def measure_cost(self):
+        return 0.0, 0.0
+
+
 class _Scripted:
     """A Sampler that replays fixed choices, then takes the first option and records branches."""
 
