@@ -175,3 +175,11 @@ def test_a_round_that_fails_after_feeding_a_tree_leaves_no_tree_behind():
     ]
     assert sum(g is None for g, _ in got) == 1  # the request whose retry failed too
     assert not target.caches and not target.pending
+
+
+def test_filler_after_a_tree_is_chained_to_its_last_token():
+    from specwise.engine import _fed_tree
+
+    # fed: last emitted token, two siblings, two filler tokens (an aligned batch)
+    assert _fed_tree(Draft([4, 5], None, None, [-1, -1]), 5) == [-1, 0, 0, 2, 3]
+    assert _fed_tree(Draft([4, 5], None), 3) is None

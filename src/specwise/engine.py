@@ -77,6 +77,16 @@ class Proposal:
     emitted: int = 0
 
 
+def _fed_tree(draft: Draft, fed: int) -> list[int] | None:
+    """The parents of the `fed` tokens a round feeds for a tree draft (`LM.forward`'s trees):
+    the last emitted token first (-1), the draft's tokens under it, then any filler as a chain
+    after the draft's last token. None for a chain draft."""
+    if draft.parents is None:
+        return None
+    n = len(draft.tokens)
+    return [-1, *(q + 1 for q in draft.parents), *range(n, fed - 1)]
+
+
 class Engine:
     """Engine(target, drafter=None, k=4): speculative decoding over one target LM.
 
@@ -424,12 +434,7 @@ class Engine:
             (r.seq, [r.context[-1], *p.draft.tokens] + [r.context[-1]] * p.padded)
             for r, p in zip(live, props, strict=True)
         ]
-        trees = [
-            None
-            if p.draft.parents is None
-            else [-1, *(q + 1 for q in p.draft.parents), *range(len(p.draft.tokens), len(c) - 1)]
-            for p, (_, c) in zip(props, calls, strict=True)
-        ]
+        trees = [_fed_tree(p.draft, len(c)) for p, (_, c) in zip(props, calls, strict=True)]
         rows = [1 + len(p.draft.tokens) for p in props] if width else None
         if not any(t is not None for t in trees):
             trees = None
