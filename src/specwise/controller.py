@@ -22,8 +22,8 @@ and such a pass beside a batch costs more than the same tokens alone. So a reque
 its own in a batch drafts only what joins the passes the batch runs anyway
 (`_sharing`): beside plain sequences, nothing. But a call in which every sequence brings
 the same number of tokens is one pass, which costs far less (BENCHMARKS.md §4). So after
-the requests are planned, `align` weighs the batch as a whole: every sequence brings 1 + L tokens, its cheap drafter's
-offer up to L and filler after it (fed, never verified), with L the length of best expected
+the requests are planned, `align` weighs the batch as a whole: every sequence brings 1 + L
+tokens, its cheap drafter's offer up to L and filler after it (fed, never verified), with L the length of best expected
 goodput for the batch; taken when that beats the plans made one by one, and plain decoding by
 MARGIN.
 
@@ -53,8 +53,9 @@ predictable is noticed. A cheap drafter is probed only with an offer that would 
 average request by an optimistic reading of its calibration (an upper confidence bound, which
 every bin keeps because old outcomes fade), at the shortest length that reading says pays:
 probing every weak match costs more than it finds where verification is dear. A model
-drafter is probed with 2 tokens, and only when catching up costs no more than one plain round. This module runs no model; the
-engine calls `plan` before and `observe` after each round.
+drafter is probed with 2 tokens, and only when catching up costs no more than one plain
+round. This module runs no model; the engine calls `plan` before and `observe` after each
+round.
 """
 
 from __future__ import annotations
@@ -246,8 +247,7 @@ class Controller:
                 continue  # beside this batch any draft is a pass of its own
             catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
             st = self._state[d.name]
-            shape = trees.get(d.name) if d.cheap else None
-            shape = None if shape is None else shape[:cap]
+            shape = trees.get(d.name) if d.cheap else None  # its first `cap` tokens are used
             a = self._acceptances(d.name, rid, cap, offers.get(d.name) if d.cheap else None, shape)
             scale = st.hit_rate.factor() if batch.calls else 1.0
             m, g, e = self._best_length(
@@ -375,7 +375,6 @@ class Controller:
                 offer = o.offers.get(d.name, ())[:longest]
                 if d.cheap and offer and o.only in (None, d.name):
                     shape = o.trees.get(d.name)
-                    shape = None if shape is None else shape[:longest]
                     a = self._acceptances(d.name, o.rid, len(offer), offer, shape)
                     e = expected_tokens(a, shape)
                     raw[-1][d.name] = e

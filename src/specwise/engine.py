@@ -436,8 +436,6 @@ class Engine:
         ]
         trees = [_fed_tree(p.draft, len(c)) for p, (_, c) in zip(props, calls, strict=True)]
         rows = [1 + len(p.draft.tokens) for p in props] if width else None
-        if not any(t is not None for t in trees):
-            trees = None
         return calls, self.target.forward(calls, rows=rows, trees=trees)
 
     def _commit(self, r: Request, p: Proposal, verdict: Verdict) -> int:

@@ -104,9 +104,9 @@ class IkLlamaLM(LlamaCppLM):
 
     def _close_gaps(self) -> None:
         """Move the used cells together (llama.cpp's defragmentation: 0.4 ms without gaps, 1-2
-        ms with, once per call at most). The wheel sizes a call's attention by `llama_kv_cache_cell_max(cache,
-        pad)`, which looks only at the last cell of each block of `pad` cells (32; 256 with
-        flash attention): a free cell there, below used cells of the next block, cuts those
+        ms with, once per call at most). The wheel sizes a call's attention by
+        `llama_kv_cache_cell_max(cache, pad)`, which looks only at the last cell of each block
+        of `pad` cells (32; 256 with flash attention): a free cell there, below used cells of the next block, cuts those
         off, and every token of the call then attends without them (measured: logits
         correlated 0.56-0.77 with the right ones). Rollbacks of sequences that share the cache,
         and a tree's kept path other than its first branch, leave such free cells. A context

@@ -48,14 +48,14 @@ class Draft:
     def prefix(self, n: int) -> Draft:
         """The first n tokens of the draft (with their q rows, confidences and parents: None
         where they make a chain)."""
-        tree = self.parents is not None and _tree_or_chain(self.parents) is not None
-        if n >= len(self.tokens) and (self.parents is None or tree):
+        parents = None if self.parents is None else _tree_or_chain(self.parents[:n])
+        if n >= len(self.tokens) and parents == self.parents:
             return self
         return Draft(
             self.tokens[:n],
             None if self.probs is None else self.probs[:n],
             None if self.confidence is None else self.confidence[:n],
-            None if self.parents is None else _tree_or_chain(self.parents[:n]),
+            parents,
         )
 
     def chain(self) -> Draft:
@@ -63,8 +63,7 @@ class Draft:
         if self.parents is None:
             return self
         n = next((i for i, q in enumerate(self.parents) if q != i - 1), len(self.tokens))
-        d = self.prefix(n)
-        return Draft(d.tokens, d.probs, d.confidence)
+        return self.prefix(n)  # chain-shaped: its parents are None
 
     def shape(self) -> list[int]:
         """Each token's parent (-1: it follows the context), for a chain too."""
