@@ -376,6 +376,34 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     assert (tmp_path / "load" / "throughput.png").exists()
 
 
+def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_path, capsys):
+    from specwise.bench.load import LoadOptions, run_soak
+
+    opts = LoadOptions(
+        url=server[0] + "/v1",  # either form of the URL reaches /health at the root
+        model=None,
+        concurrency=[2],
+        requests=1,
+        prompts=PROMPTS,
+        stream=True,
+        max_tokens=8,
+        ks=[4],
+        api_key=None,
+        out=tmp_path / "soak",
+    )
+    samples = run_soak(opts, seconds=2.0, every=0.5)
+    assert samples[0]["answered"] == 0 and samples[-1]["answered"] >= 2
+    assert samples[-1]["failed"] == 0
+    times = [s["seconds"] for s in samples]
+    assert times == sorted(times) and len(samples) >= 4 and times[-1] >= 2.0
+    assert all(s["health"]["rss_mb"] > 0 and "running" in s["health"] for s in samples)
+    assert samples[-1]["health"]["running"] == 0  # every request had ended
+    rows = (tmp_path / "soak" / "requests.jsonl").read_text().splitlines()
+    assert len(rows) == samples[-1]["answered"]
+    assert "| minutes | answered | failed | running | queued | rss_mb |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "soak" / "soak.json").read_text())["k"] == 4
+
+
 def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypatch):
     import uvicorn
 

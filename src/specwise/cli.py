@@ -210,7 +210,7 @@ def _csv(convert, what: str):
 def _bench_load(a: argparse.Namespace) -> int:
     import os
 
-    from specwise.bench.load import LoadOptions, run_load
+    from specwise.bench.load import LoadOptions, run_load, run_soak
     from specwise.bench.session import default_out
     from specwise.bench.workloads import builtin, interleaved, load_jsonl
 
@@ -236,7 +236,17 @@ def _bench_load(a: argparse.Namespace) -> int:
         rounds=a.rounds,
         out=Path(a.out) if a.out else default_out("-load"),
     )
-    run_load(opts)
+    if a.soak is None:
+        run_load(opts)
+        return 0
+    if a.soak <= 0 or a.sample_every <= 0:
+        raise UsageError(
+            f"--soak {a.soak:g} / --sample-every {a.sample_every:g} is invalid; "
+            "use seconds > 0, e.g. --soak 3600 --sample-every 60"
+        )
+    if len(opts.concurrency) > 1 or len(opts.ks) > 1:
+        raise UsageError("--soak keeps one level busy: give one --concurrency and at most one --k")
+    run_soak(opts, a.soak, a.sample_every)
     return 0
 
 
@@ -672,6 +682,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="specwise only: speculative.k per request, e.g. auto,0 (side by side)",
     )
     bl.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    bl.add_argument(
+        "--soak",
+        type=float,
+        metavar="SECONDS",
+        help="instead of levels: keep one level busy this long, sampling the server's /health",
+    )
+    bl.add_argument(
+        "--sample-every", type=float, default=60.0, help="seconds between /health samples (60)"
+    )
     bl.add_argument("--out", help="output folder (default bench-results/<timestamp>-load)")
     b.set_defaults(func=cmd_bench)
 

@@ -42,6 +42,7 @@ __all__ = [
     "alpha_per_position",
     "choice_shares",
     "peak_rss_mb",
+    "rss_mb",
     "summarize",
 ]
 
@@ -133,6 +134,12 @@ def choice_shares(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]]:
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now (Linux), in MiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / (1 << 20)
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -21,16 +21,20 @@ per-round throughputs kept). Each round sends the next N prompts of the list (wr
 the same ones for every setting of the round; the CLI lists the prompts a category at a time in
 turn, so that any N of them mix the categories. With several settings, each is compared with
 the last one (e.g. `--k auto,0`: auto / 0) level by level.
+A soak (`run_soak`) instead keeps one level busy for a given time and samples the server's
+/health as it goes (does its memory stay bounded?).
 Talks HTTP only; it knows nothing of specwise's internals.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +42,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-__all__ = ["LoadOptions", "run_load"]
+__all__ = ["LoadOptions", "run_load", "run_soak"]
 
 
 @dataclass
@@ -161,18 +165,21 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
+def _client(opts: LoadOptions, api: bool = True) -> httpx.Client:
+    """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health)."""
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    base = opts.url.rstrip("/").removesuffix("/v1")
+    return httpx.Client(
+        base_url=base + "/v1" if api else base, headers=headers, timeout=opts.timeout_s
+    )
+
+
 def _run(
     opts: LoadOptions, concurrency: int, k, first: int = 0
 ) -> tuple[list[dict[str, Any]], float]:
     """One run of a level, with the prompts from `first` on (wrapping round): (per-request
     results, wall seconds)."""
-    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    base = opts.url.rstrip("/")
-    base = base if base.endswith("/v1") else base + "/v1"
-    with (
-        httpx.Client(base_url=base, headers=headers, timeout=opts.timeout_s) as client,
-        ThreadPoolExecutor(concurrency) as pool,
-    ):
+    with _client(opts) as client, ThreadPoolExecutor(concurrency) as pool:
         picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
         t0 = time.perf_counter()
         results = list(pool.map(lambda p: _one(client, opts, opts.prompts[p], k), picks))
@@ -364,3 +371,99 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     )
     print(json.dumps(result, separators=(",", ":")), file=stream)
     return levels
+
+
+def _health(client: httpx.Client) -> dict[str, float]:
+    """The numbers the server's /health reports now (none where it has no /health)."""
+    try:
+        r = client.get("/health")
+        body = r.json() if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        body = {}
+    return {
+        key: v for key, v in body.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def soak_table(samples: list[dict]) -> list[str]:
+    """A markdown table of a soak's samples: time, requests so far, and /health's numbers."""
+    fields = list(dict.fromkeys(key for s in samples for key in s["health"]))
+    out = [
+        "| minutes | answered | failed | " + " | ".join(fields) + " |",
+        "|---" * (3 + len(fields)) + "|",
+    ]
+    for s in samples:
+        values = [_fmt(s["health"].get(key), "g") for key in fields]
+        out.append(
+            f"| {s['seconds'] / 60:.1f} | {s['answered']} | {s['failed']} | "
+            + " | ".join(values)
+            + " |"
+        )
+    return out
+
+
+def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> list[dict]:
+    """Load without pause for `seconds`: `opts.concurrency[0]` workers each send the next
+    prompt (wrapping round) as soon as their last request ends, with the setting `opts.ks[0]`.
+    Every `every` seconds, and once more when the last request has ended, a sample: the time,
+    the requests answered and failed so far, and the numbers the server's /health reports
+    (a specwise server: its resident memory and the size of the suffix drafter's memory).
+    Requests go to requests.jsonl, the samples to soak.json and soak.md."""
+    from tqdm import tqdm
+
+    stream = stream or sys.stdout
+    opts.out.mkdir(parents=True, exist_ok=True)
+    workers, k = opts.concurrency[0], opts.ks[0]
+    picks = itertools.count()
+    counts = {"answered": 0, "failed": 0}
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def work(client: httpx.Client, log) -> None:
+        while time.perf_counter() - t0 < seconds:
+            p = next(picks) % len(opts.prompts)
+            r = _one(client, opts, opts.prompts[p], k)
+            r.pop("progress", None)
+            with lock:
+                counts["failed" if "error" in r else "answered"] += 1
+                log.write(json.dumps({"prompt": p, "k": k, **r}, separators=(",", ":")) + "\n")
+
+    samples: list[dict] = []
+
+    def sample(root: httpx.Client) -> None:
+        with lock:
+            row = {"seconds": time.perf_counter() - t0, **counts}
+        samples.append({**row, "health": _health(root)})
+
+    with (
+        _client(opts) as client,
+        _client(opts, api=False) as root,
+        (opts.out / "requests.jsonl").open("w") as log,
+        ThreadPoolExecutor(workers) as pool,
+        tqdm(total=round(seconds), desc="soak", unit="s", file=sys.stderr) as bar,
+    ):
+        futures = [pool.submit(work, client, log) for _ in range(workers)]
+        sample(root)
+        while not all(f.done() for f in futures):
+            wait(futures, max(0.0, samples[-1]["seconds"] + every - (time.perf_counter() - t0)))
+            sample(root)
+            bar.n = min(round(samples[-1]["seconds"]), bar.total)
+            bar.set_postfix_str(f"{counts['answered']} answered, {counts['failed']} failed")
+        for f in futures:
+            f.result()
+    lines = soak_table(samples)
+    result = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "url": opts.url,
+        "concurrency": workers,
+        "k": k,
+        "seconds": seconds,
+        "samples": samples,
+    }
+    (opts.out / "soak.json").write_text(json.dumps(result, indent=1))
+    (opts.out / "soak.md").write_text(
+        f"# specwise soak\n\nCommand: `{result['command']}`\n\n" + "\n".join(lines) + "\n"
+    )
+    print("\n".join(lines), file=stream)
+    print(f"\nreport: {opts.out / 'soak.md'}", file=stream)
+    return samples

@@ -12,7 +12,6 @@ model is involved.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specwise.drafters.suffix_index import SuffixIndex, chain
+from specwise.trace import rss_mb
 
 __all__ = ["DEFAULT_SIZES", "measure", "run", "soak", "table"]
 
@@ -74,18 +74,12 @@ def measure(tokens: int, seed: int = 0) -> dict:
     }
 
 
-def _rss_mib() -> float:
-    """The process's resident memory now (Linux), MiB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
-
-
 def soak(budget_mib: float, total_tokens: int, seed: int = 1) -> list[dict]:
     """Add documents of DOC_TOKENS tokens until `total_tokens`, one at a time as requests end,
     into a memory of `budget_mib`; every tenth of the way: the index's bytes and the RSS."""
     rng = np.random.default_rng(seed)
     mem = SuffixIndex(budget_bytes=int(budget_mib * (1 << 20)))
-    start = _rss_mib()
+    start = rss_mb()
     rows, added, step = [], 0, total_tokens // 10
     t = time.perf_counter()
     while added < total_tokens:
@@ -98,7 +92,7 @@ def soak(budget_mib: float, total_tokens: int, seed: int = 1) -> list[dict]:
                     "tokens_added": added,
                     "index_mib": mem.nbytes / (1 << 20),
                     "documents": mem.documents,
-                    "rss_growth_mib": _rss_mib() - start,
+                    "rss_growth_mib": rss_mb() - start,
                     "seconds": time.perf_counter() - t,
                 }
             )

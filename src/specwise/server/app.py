@@ -27,6 +27,7 @@ from specwise.server import protocol
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
 from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.trace import rss_mb
 
 __all__ = ["create_app"]
 
@@ -98,6 +99,7 @@ def create_app(
     async def health() -> dict:
         out = {"status": "ok", "model": model_name, **state["scheduler"].load}
         out["exact"] = engine.target.exact
+        out["rss_mb"] = round(rss_mb(), 1)
         for d in engine.drafters:
             if d.name == "suffix":
                 out["suffix_memory_bytes"] = sum(m.nbytes for m in d.memories.values())
