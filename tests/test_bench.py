@@ -284,6 +284,36 @@ def test_fixed_drafters_limit_the_fixed_configurations_not_auto():
     assert [d.name for d in runner.engines["auto"].drafters] == ["model", "ngram"]
 
 
+def test_the_runner_builds_drafters_with_the_options_given():
+    opts = Options(
+        drafters=["suffix", "ngram"],
+        ks=[4, "auto"],
+        drafter_options={"suffix": {"scope": "request", "branches": 1, "budget_mib": 2.0}},
+    )
+    runner = Runner(ToyLM(vocab=12, seed=0), None, opts)
+    suffixes = [d for e in runner.engines.values() for d in e.drafters if d.name == "suffix"]
+    assert len(suffixes) == 2  # suffix k=4 and auto
+    assert all((d.scope, d.branches, d.budget) == ("request", 1, 2 << 20) for d in suffixes)
+
+
+def test_drafter_options_are_checked_before_any_model_loads(capsys, monkeypatch):
+    import specwise.cli
+
+    def no_models(*_, **__):
+        raise AssertionError("models loaded before the options were checked")
+
+    monkeypatch.setattr(specwise.cli, "_load_models", no_models)
+    for command in (["bench"], ["generate", "--k", "auto", "hello"]):
+        assert main([*command, "--drafter", "ngram,suffix", "--suffix-branches", "0"]) == 2
+        assert "suffix branches = 0 is invalid" in capsys.readouterr().err
+        assert main([*command, "--drafter", "ngram,suffix", "--suffix-budget", "-1"]) == 2
+        assert "suffix budget -1.0 MiB is invalid" in capsys.readouterr().err
+    assert main(["bench", "--drafter", "ngram,sufix"]) == 2
+    assert "unknown drafter 'sufix'" in capsys.readouterr().err
+    assert main(["bench", "--drafter", "suffix", "--suffix-cache", "memory.npz"]) == 2
+    assert "--suffix-cache is for generate and serve" in capsys.readouterr().err
+
+
 def test_bench_errors(capsys, tmp_path):
     assert main(["bench", "--drafter", "ngram", "--fixed-drafter", "model"]) == 2
     assert "--fixed-drafter model names drafters not in --drafter ngram" in (

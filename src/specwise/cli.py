@@ -154,6 +154,20 @@ def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 1
     return load_pair(a.target, draft, a.backend, a.threads, max_sequences, exact=a.exact)
 
 
+def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]:
+    """The options of each named drafter but the model drafter (whose LM comes with the models),
+    from --suffix-scope/-budget/-branches; checked now, before any model loads, by building
+    each drafter once."""
+    from specwise.drafters import make_drafter
+
+    suffix = {"scope": a.suffix_scope, "budget_mib": a.suffix_budget}
+    given = {"suffix": {**suffix, "branches": a.suffix_branches}, "suffix-chain": suffix}
+    options = {n: given.get(n, {}) for n in names if n != "model"}
+    for n, o in options.items():
+        make_drafter(n, **o)
+    return options
+
+
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     from specwise.drafters import make_drafter
     from specwise.engine import Engine
@@ -164,17 +178,10 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
         a.pair = DEFAULT_PAIR
     _apply_pair(a)
     names = _drafter_names(a)
+    options = _drafter_options(a, names)
     target, draft = _load_models(a, need_draft="model" in names, max_sequences=max_sequences)
-    options = {
-        "model": {"lm": draft},
-        "suffix": {
-            "scope": a.suffix_scope,
-            "budget_mib": a.suffix_budget,
-            "branches": a.suffix_branches,
-        },
-        "suffix-chain": {"scope": a.suffix_scope, "budget_mib": a.suffix_budget},
-    }
-    drafters = [make_drafter(n, **options.get(n, {})) for n in names]
+    options["model"] = {"lm": draft}
+    drafters = [make_drafter(n, **options[n]) for n in names]
     if a.suffix_cache and "suffix" in names and Path(a.suffix_cache).exists():
         next(d for d in drafters if d.name == "suffix").load(a.suffix_cache)
     controller = None
@@ -319,8 +326,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if auto_sets and "auto" not in (a.k or ["auto"]):
         raise UsageError("--auto-drafters needs auto among the --k values")
     among_drafters("--auto-drafters", a.auto_drafters, [n for s in auto_sets for n in s])
+    if a.suffix_cache:
+        raise UsageError(
+            "bench starts every run with an empty suffix memory; --suffix-cache is for "
+            "generate and serve"
+        )
     options = Options(
         drafters=drafters,
+        drafter_options=_drafter_options(a, drafters),
         fixed_drafters=fixed,
         auto_sets=auto_sets,
         ks=a.k or [2, 4, 6, 8, "auto"],

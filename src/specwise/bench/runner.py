@@ -80,6 +80,7 @@ class Config:
 @dataclass
 class Options:
     drafters: list[str] = field(default_factory=lambda: ["model", "ngram"])
+    drafter_options: dict[str, dict] = field(default_factory=dict)  # by name (not model's lm)
     ks: list[int | str] = field(default_factory=lambda: [2, 4, 6, 8, "auto"])
     fixed_drafters: list[str] | None = None  # drafters run at the fixed k's (None: all)
     auto_sets: list[list[str]] = field(default_factory=list)  # more auto engines, over these
@@ -131,7 +132,9 @@ class Runner:
                 self.engines[spec] = Engine(target, drafters, k="auto", controller=controller)
 
     def _drafter(self, name: str):
-        return make_drafter(name, lm=self._draft_lm) if name == "model" else make_drafter(name)
+        if name == "model":
+            return make_drafter(name, lm=self._draft_lm)
+        return make_drafter(name, **self.options.drafter_options.get(name, {}))
 
     def configs(self, category: str) -> list[Config]:
         cat = CATEGORIES.get(category)
