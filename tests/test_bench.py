@@ -133,6 +133,25 @@ def record(
     }
 
 
+ROUND = {  # a round record as the bench writes it: a RoundTrace's fields and its config
+    "request_id": "r",
+    "round": 1,
+    "drafter": "ngram",
+    "proposed": 4,
+    "accepted": 2,
+    "rejection_position": 2,
+    "bonus": False,
+    "emitted": 3,
+    "draft_ms": 1.0,
+    "verify_ms": 10.0,
+    "overhead_ms": 1.0,
+    "batch_size": 1,
+    "t_ms": 12.0,
+    "category": "code",
+    "config": "ngram k=4 | T=0",
+}
+
+
 def test_report_arithmetic_on_hand_made_records():
     # Two prompts. Plain: 100 tokens in 1000 ms of decoding each (prefill 500 / 300 ms).
     # ngram: prompt a 100 tokens in 500 ms (2x), prompt b 100 in 1000 ms (1x).
@@ -159,6 +178,12 @@ def test_report_arithmetic_on_hand_made_records():
     assert 1.0 <= lo <= hi <= 2.0
     assert "all" in rep.figures and "speculate" in rec["text"]
     assert "ngram k=4" in rep.table() and "| ngram k=4 |" in rep.markdown()
+    assert f["trees"] is None and "Tree drafts" not in rep.markdown()
+    tree = {**ROUND, "proposed": 6, "accepted": 2, "depth": 3}
+    f = build(recs, [tree], {"command": "test"}).figures["code"]["T=0"]["ngram k=4"]
+    assert f["trees"] == {"share": 1.0, "tokens": 6.0, "depth": 3.0, "accepted": 2.0}
+    text = build(recs, [tree], {"command": "test"}).markdown()
+    assert "- ngram k=4: trees in 100% of the rounds that drafted, 6.0 tokens 3.0 deep" in text
 
 
 def test_a_baseline_on_another_backend_is_timed_compared_and_never_recommended():

@@ -16,6 +16,7 @@ from specwise.trace import (
     alpha_per_position,
     rejection_histogram,
     summarize,
+    tree_figures,
 )
 from toy import SUMMARY_KEYS
 
@@ -96,3 +97,14 @@ def test_jsonl_sink_round_trip(tmp_path):
     buf = io.StringIO()
     JsonlSink(buf).write({"a": 1})
     assert buf.getvalue() == '{"a":1}\n'
+
+
+def test_tree_figures_count_only_the_rounds_that_drafted_trees():
+    chain, plain = rt(0, 4, 2, 3, 10.0), rt(1, 0, 0, 1, 20.0)
+    assert tree_figures([chain, plain]) is None
+    trees = [
+        RoundTrace(**{**rt(2, 7, 3, 4, 30.0).to_dict(), "depth": 4}),
+        RoundTrace(**{**rt(3, 5, 0, 1, 40.0).to_dict(), "depth": 2}),
+    ]
+    got = tree_figures([chain, plain, *trees])
+    assert got == {"share": 2 / 3, "tokens": 6.0, "depth": 3.0, "accepted": 1.5}

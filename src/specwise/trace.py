@@ -44,6 +44,7 @@ __all__ = [
     "peak_rss_mb",
     "rss_mb",
     "summarize",
+    "tree_figures",
 ]
 
 
@@ -95,6 +96,21 @@ def alpha_per_position(rounds: Iterable[RoundTrace]) -> list[float | None]:
         reached = [r for r in rounds if r.reach > i and r.accepted >= i]
         out.append(sum(r.accepted > i for r in reached) / len(reached) if reached else None)
     return out
+
+
+def tree_figures(rounds: Iterable[RoundTrace]) -> dict[str, float] | None:
+    """What tree drafts were among the rounds that drafted: their share, and their mean tokens,
+    depth and accepted tokens; None when no round drafted a tree."""
+    drafted = [r for r in rounds if r.proposed]
+    trees = [r for r in drafted if r.depth is not None]
+    if not trees:
+        return None
+    return {
+        "share": len(trees) / len(drafted),
+        "tokens": sum(r.proposed for r in trees) / len(trees),
+        "depth": sum(r.depth for r in trees) / len(trees),
+        "accepted": sum(r.accepted for r in trees) / len(trees),
+    }
 
 
 def acceptance_per_position(rounds: Iterable[RoundTrace]) -> list[float]:

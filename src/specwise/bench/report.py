@@ -37,6 +37,7 @@ from specwise.trace import (
     alpha_per_position,
     choice_shares,
     rejection_histogram,
+    tree_figures,
 )
 
 __all__ = ["Report", "against_hindsight", "build", "by_request"]
@@ -127,6 +128,7 @@ def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -
         "speedup_ci95": _bootstrap(pairs),
         "peak_rss_mb": max(x["peak_rss_mb"] for x in s),
         "choices": choice_shares(rounds),
+        "trees": tree_figures(rounds),
     }
     checks = [r["check"] for r in records]
     if checks and "match" in checks[0]:
@@ -226,6 +228,7 @@ class Report:
                 ]
                 for spec, f in by_spec.items():
                     out.append(_md_row(spec, f))
+                out += _tree_lines(by_spec)
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     out += ["", f"**Recommendation:** {rec['text']}"]
@@ -304,6 +307,20 @@ def _md_row(spec: str, f: dict) -> str:
         f"{_f(f['goodput_tokens_per_ms'], '.4f')} | {_f(f['ttft_ms'], '.0f')} | {split} % | "
         f"{_equiv(f)} |"
     )
+
+
+def _tree_lines(by_spec: dict[str, dict]) -> list[str]:
+    """A sentence per configuration that drafted trees: how often, how big, how deep."""
+    out = []
+    for spec, f in by_spec.items():
+        t = f.get("trees")
+        if t:
+            out.append(
+                f"- {spec}: trees in {100 * t['share']:.0f}% of the rounds that drafted, "
+                f"{t['tokens']:.1f} tokens {t['depth']:.1f} deep on average, "
+                f"{t['accepted']:.2f} accepted"
+            )
+    return ["", "Tree drafts:", *out] if out else []
 
 
 def against_hindsight(figures: dict) -> dict[str, dict[str, dict]]:
