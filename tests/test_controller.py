@@ -24,6 +24,7 @@ from specwise.controller import (
     Controller,
     Offered,
     Plan,
+    alignment,
 )
 from specwise.costs import CostCurve, CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
@@ -447,7 +448,7 @@ def test_a_batch_is_not_aligned_where_it_does_not_pay_or_cannot_be():
 
 
 def test_the_ceiling_of_an_alignment_bounds_it_and_changes_no_decision(monkeypatch):
-    """`align` stops early where `_ceiling` (every offered token accepted) cannot beat the bar;
+    """`align` stops early where `ceiling` (every offered token accepted) cannot beat the bar;
     over random batches that must give the joint plan the full search gives."""
     rng = np.random.default_rng(7)
     cut = 0
@@ -477,14 +478,18 @@ def test_the_ceiling_of_an_alignment_bounds_it_and_changes_no_decision(monkeypat
         ]
         calls = [(i, 1) for i in range(b)]
         quick = ctls[0].align(asks[0], calls, 0.0)
-        ceiling = ctls[1]._ceiling(asks[1], *ctls[1]._aligned_steps(asks[1], 8, 0.0))
-        monkeypatch.setattr(ctls[1], "_ceiling", lambda *a: math.inf)
-        full = ctls[1].align(asks[1], calls, 0.0)
+        cheap = [d for d in ctls[1].drafters if d.cheap]
+        offered, costs = alignment.steps(asks[1], 8, 0.0, cheap, ctls[1].pricing)
+        trust = max(ctls[1].estimates[d.name].hit_rate.factor() for d in cheap)
+        ceiling = alignment.ceiling(b, offered, costs, trust)
+        with monkeypatch.context() as m:
+            m.setattr(alignment, "ceiling", lambda *a: math.inf)
+            full = ctls[1].align(asks[1], calls, 0.0)
         assert quick == full
         if full is not None:
             assert full.expected_goodput <= ceiling * (1 + 1e-9)
         else:
-            cut += ceiling <= MARGIN * b / ctls[1]._step_ms(tuple(calls), 0.0)
+            cut += ceiling <= MARGIN * b / ctls[1].pricing.step_ms(tuple(calls), 0.0)
     assert 30 < cut < 300  # the bound both decides cases and leaves some to the search
 
 

@@ -1,0 +1,154 @@
+"""`Estimates`: what the controller knows of each drafter, and how it learns it.
+
+Per drafter: α by position (the conditional acceptance of each draft position) across requests
+and per running request, a calibration of the drafter's own confidences (confidence bin ->
+observed acceptance), how far its plans in batches came true (`PlanHitRate`), and per request
+the rounds since it was last used and between probes. Where a_i comes from:
+- per request and drafter, an exponential average of the observed α_i by position, started
+  from the drafter's average over earlier requests, so a request that changes character
+  (copying code, then writing prose) is followed within a few rounds;
+- the drafter's own confidence in each token (a model drafter's probability, an n-gram
+  drafter's match length), mapped through the calibration and scaled by how this request
+  compares with the average one.
+A tree draft's token is estimated at its depth, given its parent. What is learnt across
+requests is `state()` (JSON-able) and comes back with `load_state`; the files are the
+controller's (`Controller.remember`). The arithmetic is `specwise.acceptance`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specwise.acceptance import (
+    BINS,
+    GLOBAL_EMA,
+    PRIOR_ALPHA,
+    REQUEST_EMA,
+    Calibration,
+    PlanHitRate,
+    positions,
+    reached,
+)
+from specwise.drafters.base import Draft
+
+__all__ = ["DrafterState", "Estimates"]
+
+
+@dataclass
+class DrafterState:
+    """One drafter's acceptance estimates (across requests, and per running request) and its
+    per-request probe bookkeeping."""
+
+    alpha: list[float] = field(default_factory=list)  # across requests, by position
+    calibration: Calibration = field(default_factory=Calibration)
+    requests: dict[str, list[float]] = field(default_factory=dict)  # id -> α by position
+    idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
+    gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
+    hit_rate: PlanHitRate = field(default_factory=PlanHitRate)
+    planned: dict[str, list[float]] = field(default_factory=dict)  # id -> E(0..m) of its plan
+
+    def global_alpha(self, i: int) -> float:
+        return self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA
+
+    def calibrated(self, confidence: float, i: int, request_alpha: float) -> float:
+        """Acceptance of draft position i: the calibrated confidence, scaled by how this
+        request's α at i compares with the average request's."""
+        base = self.calibration.predict(confidence, self.global_alpha(0))
+        return min(0.99, base * request_alpha / max(self.global_alpha(i), 0.05))
+
+    def request_alpha(self, rid: str, n: int) -> list[float]:
+        a = self.requests.setdefault(rid, [])
+        while len(a) < n:
+            a.append(self.global_alpha(len(a)))
+        return a[:n]
+
+
+class Estimates:
+    """Estimates(names): a `DrafterState` for each drafter name."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._by_name = {name: DrafterState() for name in names}
+
+    def __getitem__(self, name: str) -> DrafterState:
+        return self._by_name[name]
+
+    def acceptances(
+        self,
+        name: str,
+        rid: str,
+        n: int,
+        offer: Sequence[float | None] | None,
+        parents: Sequence[int] | None = None,
+    ) -> list[float]:
+        """Predicted acceptance of draft tokens 0..n-1 for request rid (of a tree's: given
+        their parent's): its α at their position (a tree token's: its depth), informed by the
+        offer's own confidences where there are any (calibrated)."""
+        st = self._by_name[name]
+        depth = positions(parents, n)
+        a = st.request_alpha(rid, max(depth, default=-1) + 1)
+        if offer is None:
+            return [a[i] for i in depth]
+        return [
+            a[i] if c is None else st.calibrated(c, i, a[i])
+            for i, c in zip(depth, offer, strict=False)
+        ]
+
+    def observe(
+        self, rid: str, drafter: str, draft: Draft, accepted: int, path: Sequence[int] = ()
+    ) -> None:
+        """Learn from one verified round of `drafter`: which draft positions were reached and
+        accepted (path: a tree draft's accepted tokens, root first). α by position learns
+        whether anything was accepted at each depth reached; the calibration, from every token
+        reached (in a tree, the siblings of the accepted tokens too); the plan hit rate, from
+        a planned round (not a probe)."""
+        st = self._by_name[drafter]
+        e = st.planned.pop(rid, None)
+        if e is not None:
+            st.hit_rate.observe(e[min(len(draft.tokens), len(e) - 1)] - 1.0, float(accepted))
+        shape = draft.shape()
+        seen = reached(shape, path if draft.parents is not None else range(accepted))
+        depth = positions(shape, len(shape))
+        reqa = st.requests.setdefault(rid, [])
+        st.request_alpha(rid, max(depth) + 1)  # grows reqa to the draft's depth
+        for i in sorted({depth[j] for j, _ in seen}):
+            ok = float(i < accepted)
+            reqa[i] = (1 - REQUEST_EMA) * reqa[i] + REQUEST_EMA * ok
+            while len(st.alpha) <= i:
+                st.alpha.append(PRIOR_ALPHA)
+            st.alpha[i] = (1 - GLOBAL_EMA) * st.alpha[i] + GLOBAL_EMA * ok
+        if draft.confidence is not None:
+            for j, ok in seen:
+                st.calibration.observe(draft.confidence[j], ok)
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished request's estimates (the averages over requests stay)."""
+        for st in self._by_name.values():
+            st.requests.pop(rid, None)
+            st.idle.pop(rid, None)
+            st.gap.pop(rid, None)
+            st.planned.pop(rid, None)
+
+    def state(self) -> dict:
+        """What was learnt across requests, as JSON-able data."""
+        return {
+            name: {
+                "alpha": st.alpha,
+                "hits": st.calibration.hits,
+                "seen": st.calibration.seen,
+                "plan_hit_rate": [st.hit_rate.predicted, st.hit_rate.realised],
+            }
+            for name, st in self._by_name.items()
+        }
+
+    def load_state(self, data: dict) -> None:
+        """Take back what `state` gave (entries of another shape are ignored)."""
+        for name, st in self._by_name.items():
+            d = data.get(name)
+            if d and len(d.get("hits", ())) == BINS and len(d.get("seen", ())) == BINS:
+                st.alpha = [float(x) for x in d["alpha"]]
+                st.calibration = Calibration(
+                    [float(x) for x in d["hits"]], [float(x) for x in d["seen"]]
+                )
+                if len(d.get("plan_hit_rate", ())) == 2:
+                    st.hit_rate = PlanHitRate(*(float(x) for x in d["plan_hit_rate"]))

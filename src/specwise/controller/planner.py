@@ -1,0 +1,328 @@
+"""`Controller`: each round, per request, the drafter and proposal length with the best expected
+goodput (emitted tokens per ms), and k = 0 — plain decoding — when nothing beats it.
+
+The decision (names as in DESIGN.md §4): with a_i the predicted conditional acceptance of draft
+position i (`Estimates`), a request proposing m tokens emits E(m) = 1 + Σ_{i<=m} Π_{j<=i} a_j
+tokens (a tree's first m tokens: the products along each token's path). A round is one target
+call shared by the batch, so the controller maximises the batch's goodput
+
+    G(m) = (E_others + E(m)) / (D_others + d·m + V(L_others + [1 + m]) + overhead)
+
+where d is the drafter's measured ms per token, V(L) the measured time of a target call with
+the token counts L by sequence, priced as the passes the backend runs it in (`Pricing`), and
+the *_others terms are what the rest of the batch already put in the call (for a single request
+they are 0). Plain decoding is m = 0. As the batch grows, the extra verify tokens cost more than
+they return, so speculation backs off by itself. Estimates are noisy, so speculation must beat
+plain decoding by MARGIN to be chosen.
+
+In a batch a wrong estimate costs every sequence in the call, so there the controller (a) does
+not probe, (b) scales a drafter's expected accepted tokens by how far its plans came true
+(`PlanHitRate`, BENCHMARKS.md §4), and (c) plans a request only to draft lengths that join the
+passes the batch runs anyway (`Pricing.sharing`): beside plain sequences, nothing. The batch as
+a whole may then be aligned (`alignment.align`), and where no draft has paid for long at a
+batch size, planning backs off (`Backoff`).
+
+Cheap drafters (n-gram, suffix) propose before the decision, and the controller takes the best
+prefix. A model drafter that has fallen behind the context (it is prefilled only once chosen)
+must first catch up; that one-time cost is spread over the tokens the request has left, so it
+is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
+is worth its cost: it goes on while, for some m > i, E(m) − E(i) > G·(C(m) − C(i)), with G the
+goodput planned. When plain wins, each drafter is still probed now and then (with doubling gaps
+while probes keep losing) so a request that becomes predictable is noticed. A cheap drafter is
+probed only with an offer that would pay on an average request by an optimistic reading of its
+calibration (an upper confidence bound, which every bin keeps because old outcomes fade), at the
+shortest length that reading says pays. A model drafter is probed with 2 tokens, and only when
+catching up costs no more than one plain round.
+
+The disk is touched only by `calibrated` (costs measured or read, and what earlier runs learnt),
+`remember` and `save` (`Memory`), for the CLI and the server to call. This module runs no model; the
+engine calls `plan` before and `observe` after each round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specwise.acceptance import expected_tokens, positions, scaled
+from specwise.backends.base import LM
+from specwise.controller.alignment import Alignment, Offered, align
+from specwise.controller.backoff import Backoff
+from specwise.controller.estimates import Estimates
+from specwise.controller.memory import Memory
+from specwise.controller.pricing import MARGIN, Batch, Pricing
+from specwise.costs import CostModel
+from specwise.drafters.base import Draft, Drafter, KeepGoing
+
+__all__ = ["PROBE_FIRST", "PROBE_MAX", "Controller", "Plan"]
+
+PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The controller's choice for one request and round."""
+
+    drafter: Drafter | None  # None: plain decoding
+    k_max: int  # the most tokens to draft (a model drafter may stop earlier)
+    planned: int  # the length the plan expects to be best
+    expected_goodput: float  # tokens/ms of the round (the whole batch) as planned
+    plain_goodput: float  # ... had this request decoded plainly
+    expected_tokens: float = 1.0  # E(m) for this request
+    draft_ms: float = 0.0  # predicted drafting time
+    keep_going: KeepGoing | None = None
+    probe: bool = False
+    reason: str = ""
+
+
+class Controller:
+    """Controller(drafters, costs, max_k): plans rounds and learns from them."""
+
+    def __init__(self, drafters: Sequence[Drafter], costs: CostModel, max_k: int = 8) -> None:
+        self.drafters = list(drafters)
+        self.max_k = max_k
+        self.pricing = Pricing(costs)
+        self.estimates = Estimates([d.name for d in self.drafters])
+        self.backoff = Backoff()
+        self._memory: Memory | None = None
+
+    @property
+    def costs(self) -> CostModel:
+        return self.pricing.costs
+
+    def bind(self, target: LM) -> None:
+        """Price target calls the way `target` runs them (until bound: one pass of all tokens)."""
+        self.pricing.bind(target)
+
+    def plan(
+        self,
+        rid: str,
+        room: int,
+        batch: Batch = Batch(),
+        offers: dict[str, Sequence[float | None]] | None = None,
+        lags: dict[str, int] | None = None,
+        remaining: int = 1 << 30,
+        only: str | None = None,
+        trees: dict[str, Sequence[int] | None] | None = None,
+    ) -> Plan:
+        """Choose for request `rid`. room: the most draft tokens this round may hold; offers:
+        for each cheap drafter, the confidence of each token it has on offer (None where it
+        has none); lags: context tokens each drafter
+        must catch up on first; remaining: tokens the request may still emit; only: consider
+        just this drafter; trees: the parents of each offer that is a tree (a parent before
+        its children: a plan takes a prefix of the offer, which is a tree too)."""
+        offers, lags, trees = offers or {}, lags or {}, trees or {}
+        plain_ms = self.pricing.round_ms(None, 0, batch)
+        plain_g = (batch.expected + 1.0) / plain_ms
+        best = Plan(None, 0, 0, plain_g, plain_g, reason="plain decoding is expected fastest")
+        passed_over: list[tuple[Drafter, int]] = []
+        predicted: list[float] = []  # E(0..) of the best plan, before any scaling
+        for d in self.drafters:
+            cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
+            if cap <= 0 or (only is not None and d.name != only):
+                continue
+            lengths = self.pricing.sharing(batch, cap)
+            if lengths == [0]:
+                continue  # beside this batch any draft is a pass of its own
+            catch_up = lags.get(d.name, 0) * self.costs.catch_up_ms_per_token.get(d.name, 0.0)
+            st = self.estimates[d.name]
+            shape = trees.get(d.name) if d.cheap else None  # its first `cap` tokens are used
+            a = self.estimates.acceptances(
+                d.name, rid, cap, offers.get(d.name) if d.cheap else None, shape
+            )
+            scale = st.hit_rate.factor() if batch.calls else 1.0
+            m, g, e = self._best_length(
+                d.name, a, batch, catch_up / max(remaining, 1), scale, lengths, shape
+            )
+            if m > 0 and g[m] > max(best.expected_goodput, MARGIN * plain_g):
+                dms = self.costs.draft_ms_per_token.get(d.name, 0.0) * m + catch_up
+                reason = f"{d.name} m={m}: {g[m]:.4f} > plain {plain_g:.4f} tokens/ms"
+                k = m if d.cheap or batch.calls else cap  # a longer draft could need a pass
+                best = Plan(d, k, m, g[m], plain_g, e[m], dms, reason=reason)
+                predicted = expected_tokens(a, shape)
+            elif batch.calls:  # no probes in a batch: see the module docstring
+                continue
+            elif d.cheap:
+                probe_m = self._worth_probing(d, offers[d.name][:cap], batch, shape)
+                if probe_m:
+                    passed_over.append((d, probe_m))
+            elif catch_up <= plain_ms:
+                passed_over.append((d, min(cap, 2)))
+        if best.drafter is None:
+            best = self._probe(rid, passed_over, plain_g) or best
+        for d in self.drafters:
+            st = self.estimates[d.name]
+            st.idle[rid] = 0 if d is best.drafter else st.idle.get(rid, 0) + 1
+            st.planned.pop(rid, None)
+            if d is best.drafter and not best.probe:
+                st.gap[rid] = PROBE_FIRST
+                st.planned[rid] = predicted
+        if best.drafter is not None and not best.drafter.cheap:
+            stop = self._stopper(best.drafter.name, rid, best.expected_goodput, best.k_max, batch)
+            best = replace(best, keep_going=stop)
+        return best
+
+    def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
+        """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise
+        planning backs off at this batch size (`Backoff`), and this is the plan of every request
+        in the step: plain decoding, with no drafter asked and nothing planned."""
+        reason = self.backoff.skip(len(calls))
+        if reason is None:
+            return None
+        g = len(calls) / self.pricing.step_ms(tuple(calls), 0.0)
+        return Plan(None, 0, 0, g, g, reason=reason)
+
+    def planned(
+        self, calls: Sequence[tuple[int, int]], tokens: int, planning_ms: float, verify_ms: float
+    ) -> None:
+        """Learn from a planned step of a batch whether planning pays at its size. calls: (seq,
+        tokens fed) of each sequence; tokens: how many verification gave out. A step paid when
+        it drafted and the plain steps its tokens would have taken (as the cost model prices
+        them) cost more than its planning and target call."""
+        paid = False
+        if any(n > 1 for _, n in calls):
+            plain = self.costs.call_ms(self.pricing.passes(tuple((s, 1) for s, _ in calls)))
+            paid = tokens * plain / len(calls) > planning_ms + verify_ms
+        self.backoff.learn(len(calls), paid)
+
+    def align(
+        self, requests: Sequence[Offered], calls: Sequence[tuple[int, int]], draft_ms: float
+    ) -> Alignment | None:
+        """A joint plan for a batch whose requests were planned one by one (`alignment.align`),
+        or None to keep those plans."""
+        return align(requests, calls, draft_ms, self.drafters, self.pricing, self.estimates)
+
+    def _best_length(
+        self,
+        name: str,
+        a: Sequence[float],
+        batch: Batch,
+        ms_per_expected: float = 0.0,
+        scale: float = 1.0,
+        lengths: Sequence[int] | None = None,
+        parents: Sequence[int] | None = None,
+    ) -> tuple[int, list[float], list[float]]:
+        """(m, G, E): the draft length m <= len(a) with the best goodput G[m] of the round,
+        given the acceptances a by position (m = 0 is plain decoding), with E = E(0..len(a)).
+        ms_per_expected charges each expected token a share of a one-time cost (a catch-up);
+        scale multiplies the expected accepted tokens E - 1; lengths (default: all) are the
+        ones that may be chosen, G is 0 at the others; parents: the draft's, for a tree (m
+        is then the number of its first tokens)."""
+        e = scaled(expected_tokens(a, parents), scale)
+        g = [0.0] * len(e)
+        for m in range(len(e)) if lengths is None else lengths:
+            c = self.pricing.round_ms(name, m, batch) + (ms_per_expected * e[m] if m else 0.0)
+            g[m] = (batch.expected + e[m]) / c
+        return max(range(len(g)), key=g.__getitem__), g, e
+
+    def _worth_probing(
+        self,
+        d: Drafter,
+        offer: Sequence[float | None],
+        batch: Batch,
+        parents: Sequence[int] | None = None,
+    ) -> int:
+        """The shortest proposal length that would pay were this request an average one and
+        the offer's confidences as good as their calibration optimistically allows; 0 when
+        none would beat plain decoding. The shortest, not the best: a probe is there to measure
+        acceptance, and before anything is learnt every bin reads as certain, so the best
+        length under that reading is the longest offer, whose verification costs most when it
+        fails (measured on mainline from an empty home: three such probes of code generation
+        cost 1,592 ms for 6 tokens that plain decoding takes 385 ms for, BENCHMARKS.md §0)."""
+        st = self.estimates[d.name]
+        a = [
+            st.global_alpha(i) if c is None else st.calibration.optimistic(c)
+            for i, c in zip(positions(parents, len(offer)), offer, strict=True)
+        ]
+        _, g, _ = self._best_length(d.name, a, batch, parents=parents)
+        return next((m for m in range(1, len(g)) if g[m] > g[0]), 0)
+
+    def _probe(
+        self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float
+    ) -> Plan | None:
+        """A proposal (drafter, length) from one that plain has beaten for a while, to measure
+        it again; the gap between probes doubles while probes keep losing."""
+        for d, k in passed_over:
+            st = self.estimates[d.name]
+            gap = st.gap.setdefault(rid, PROBE_FIRST)
+            if st.idle.get(rid, 0) + 1 >= gap:
+                st.gap[rid] = min(gap * 2, PROBE_MAX)
+                return Plan(d, k, k, plain_g, plain_g, probe=True, reason=f"probing {d.name}")
+        return None
+
+    def _stopper(self, name: str, rid: str, g: float, cap: int, batch: Batch) -> KeepGoing:
+        """The mid-round rule for a drafter that drafts token by token."""
+        st = self.estimates[name]
+        known: list[float] = []
+
+        def keep_going(i: int, confidence: float) -> bool:
+            known.append(st.calibrated(confidence, i - 1, st.request_alpha(rid, i)[i - 1]))
+            a = known + st.request_alpha(rid, cap)[i:]
+            e = expected_tokens(a)
+            c_i = self.pricing.round_ms(name, i, batch)
+            return any(
+                e[m] - e[i] > g * (self.pricing.round_ms(name, m, batch) - c_i)
+                for m in range(i + 1, cap + 1)
+            )
+
+        return keep_going
+
+    # -- learning ----------------------------------------------------------------------------
+    def observe(
+        self,
+        rid: str,
+        drafter: str | None,
+        draft: Draft,
+        accepted: int,
+        path: Sequence[int] = (),
+    ) -> None:
+        """Learn from one verified round (`Estimates.observe`); a plain round teaches nothing."""
+        if drafter is not None and draft.tokens:
+            self.estimates.observe(rid, drafter, draft, accepted, path)
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished request's estimates (the averages over requests stay, and are saved
+        when `remember` was called)."""
+        self.estimates.forget(rid)
+
+    @classmethod
+    def calibrated(
+        cls, target: LM, drafters: Sequence[Drafter], remember: bool = True
+    ) -> Controller:
+        """A controller with this machine's costs for target and drafters (read from
+        $SPECWISE_HOME/costs, or measured now and saved there) and, with remember, what
+        earlier runs learnt (`Memory.at`; `save` writes it back). The disk and the measuring
+        are here, for the CLI and the server to call; `Engine` touches neither."""
+        from specwise.costs import calibrated
+
+        controller = cls(drafters, calibrated(target, drafters))
+        if remember:
+            controller.remember(Memory.at(target, drafters).path)
+        return controller
+
+    def remember(self, path: Path) -> None:
+        """Keep what is learnt across requests in `path`: load it now; `save` writes it."""
+        self._memory = Memory(path)
+        self._memory.load(self.estimates)
+
+    def save(self) -> None:
+        """Write what was learnt across requests to the `remember` path (if any)."""
+        if self._memory is not None:
+            self._memory.save(self.estimates)
+
+    def state(self) -> dict:
+        """What was learnt across requests, as JSON-able data."""
+        return self.estimates.state()
+
+    def load_state(self, data: dict) -> None:
+        self.estimates.load_state(data)
+
+    def set_prior(self, drafter: str, alpha: Sequence[float]) -> None:
+        """Start new requests of `drafter` from these α by position (e.g. from earlier runs)."""
+        self.estimates[drafter].alpha = [float(a) for a in alpha]
+
+    def alpha(self, drafter: str, rid: str | None = None) -> list[float]:
+        """Current α estimates by position (of a request, or across requests)."""
+        st = self.estimates[drafter]
+        return list(st.requests.get(rid, [])) if rid is not None else list(st.alpha)
