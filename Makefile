@@ -41,7 +41,7 @@ demo: $(STAMP)
 	$(VENV)/bin/specwise bench --quick
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests scripts
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

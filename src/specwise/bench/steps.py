@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NEAREST", "StepAccount", "account", "read_steps", "table"]
+__all__ = ["NEAREST", "StepAccount", "account", "fed", "read_steps", "setting", "step_ms", "table"]
 
 NEAREST = 20  # plain steps of the same batch size whose median prices a speculative step
 
@@ -52,29 +52,38 @@ def read_steps(rows: Sequence[dict]) -> list[list[dict]]:
     return list(steps.values())  # dicts keep the order keys first appeared
 
 
-def _fed(r: dict) -> int:
-    return r["proposed"] + r.get("padded", 0)  # tokens fed beyond the plain one
+def fed(r: dict) -> int:
+    """Tokens a round fed beyond the plain one (draft and filler)."""
+    return r["proposed"] + r.get("padded", 0)
 
 
-def _ms(step: list[dict]) -> float:
-    r = step[0]  # the step's draft and verify times are shared; its overhead is the least
+def step_ms(step: list[dict]) -> float:
+    """A step's time: its shared draft and verify times and the least of its overheads."""
+    r = step[0]
     return r["draft_ms"] + r["verify_ms"] + min(x["overhead_ms"] for x in step)
+
+
+def setting(step: list[dict]) -> str:
+    """Whose step it was: "auto" (every round has a controller decision), "off" (none has: a
+    fixed k) or "mixed"."""
+    decided = {r.get("decision") is not None for r in step}
+    return "mixed" if len(decided) > 1 else "auto" if decided == {True} else "off"
 
 
 def account(rows: Sequence[dict], nearest: int = NEAREST) -> list[StepAccount]:
     """Per batch size, `auto`'s steps and what its speculative steps saved."""
-    auto = [s for s in read_steps(rows) if all(r.get("decision") is not None for r in s)]
+    auto = [s for s in read_steps(rows) if setting(s) == "auto"]
     plain: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for i, s in enumerate(auto):
-        if not any(_fed(r) for r in s):
-            plain[s[0]["batch_size"]].append((i, _ms(s)))
+        if not any(fed(r) for r in s):
+            plain[s[0]["batch_size"]].append((i, step_ms(s)))
     out: dict[int, StepAccount] = {}
     for i, s in enumerate(auto):
-        b, t = s[0]["batch_size"], _ms(s)
+        b, t = s[0]["batch_size"], step_ms(s)
         acc = out.setdefault(b, StepAccount(b))
         acc.steps += 1
         acc.ms += t
-        if not any(_fed(r) for r in s) or not plain[b]:
+        if not any(fed(r) for r in s) or not plain[b]:
             continue
         near = sorted(plain[b], key=lambda x: abs(x[0] - i))[:nearest]
         saved = statistics.median(ms for _, ms in near) * sum(r["emitted"] for r in s) / b - t

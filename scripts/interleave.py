@@ -1,0 +1,40 @@
+"""Do aligned steps (4 x 2 tokens, rolled back) slow the plain steps (4 x 1) around them?
+Alternating blocks of 30 plain steps: 'off' blocks only plain; 'auto' blocks with an aligned
+step after every 15th. Median plain-step ms per block; sequences grow as in decoding.
+
+Usage: python scripts/interleave.py [--model qwen2.5-coder-1.5b-instruct] [--blocks 16]
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from specwise.backends import load
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="catalog name or file")
+p.add_argument("--backend", default="auto")
+p.add_argument("--blocks", type=int, default=16)
+a = p.parse_args()
+lm = load(a.model, a.backend, max_sequences=5)
+rng = np.random.default_rng(0)
+for q in range(4):
+    lm.forward([(q, [int(t) for t in rng.integers(10, 1000, size=200)])], last_only=True)
+res = {"off": [], "auto": []}
+for block in range(a.blocks):
+    mode = "off" if block % 2 == 0 else "auto"
+    ms = []
+    for i in range(30):
+        t = time.perf_counter()
+        lm.forward([(q, [int(rng.integers(10, 1000))]) for q in range(4)])
+        ms.append((time.perf_counter() - t) * 1000)
+        if mode == "auto" and i % 15 == 14:
+            n = {q: lm.length(q) for q in range(4)}
+            lm.forward([(q, [5, 6]) for q in range(4)])
+            for q in range(4):
+                lm.truncate(q, n[q])
+    res[mode].append(statistics.median(ms[1:]))
+    print(block, mode, round(res[mode][-1], 1), flush=True)
+print({m: round(statistics.median(v), 1) for m, v in res.items() if v})
