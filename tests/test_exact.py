@@ -1,7 +1,7 @@
 """Exact mode (`--exact`): a target whose logits rows depend on the sequence's own tokens alone,
 bit for bit, so greedy speculative decoding equals plain decoding token for token, whatever the
-drafter, k or the other requests in a batch. On ik_llama (the GGUF backend that offers it), on
-torch, and refused on mainline llama.cpp."""
+drafter, k or the other requests in a batch. On ik_llama, on torch, and on mainline llama.cpp
+(a forward a token)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.backends import ik_llama, load_pair
-from specwise.backends.llama_cpp import EXACT_WIDTH, LlamaCppLM
+from specwise.backends.ik_llama import EXACT_WIDTH
+from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters import Draft, NgramDrafter
 from specwise.oracle import plain_decode
@@ -115,11 +116,26 @@ def test_ik_exact_greedy_speculative_equals_plain(gemma_path):
     _greedy_equal(target, [tok.encode(p) for p in PROMPTS])
 
 
-def test_mainline_refuses_exact_mode_in_one_sentence(smollm2_path):
-    with pytest.raises(ValueError, match=r"not available on llama_cpp.*use the ik_llama backend"):
-        LlamaCppLM(smollm2_path, exact=True)
-    with pytest.raises(ValueError, match=r"--exact runs GGUF models on ik_llama, not llama_cpp"):
-        load_pair(smollm2_path, backend="llama_cpp", exact=True)
+def test_mainline_exact_runs_a_forward_a_token(smollm2_path):
+    lm = LlamaCppLM(smollm2_path, context_length=512, max_sequences=3, exact=True)
+    assert lm.exact and lm.info.exact and not lm.trees
+    assert lm.passes([(0, 3), (1, 1)]) == [(1, 1)] * 4
+    tok = lm.tokenizer
+    _rows_alike(lm, tok.encode(PROMPTS[0]), tok.encode(" return n if n < 2 else " * 4)[:24])
+    _greedy_equal(lm, [tok.encode(p) for p in PROMPTS], max_tokens=16)
+
+
+def test_exact_gguf_targets_run_on_ik_llama_where_it_can_else_on_mainline(
+    smollm2_path, monkeypatch, capsys
+):
+    from specwise.backends import _exact_gguf
+
+    assert _exact_gguf(smollm2_path, "llama_cpp", 1) == "llama_cpp"  # asked for
+    monkeypatch.setattr(ik_llama, "available", lambda: False)
+    assert _exact_gguf(smollm2_path, "auto", 1) == "llama_cpp"
+    assert "--exact runs on llama_cpp, a forward a token" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"--exact cannot run .* on ik_llama here"):
+        _exact_gguf(smollm2_path, "ik_llama", 1)
 
 
 def test_torch_exact_rows_and_greedy_equality():

@@ -93,7 +93,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--exact",
         action="store_true",
         help="bit-exact mode: greedy output equals plain one-request decoding bit for bit, "
-        "whatever the drafter, k or other requests (GGUF on ik_llama, or torch; slower)",
+        "whatever the drafter, k or other requests (slower; GGUF on mainline llama.cpp goes "
+        "a forward a token, where speculation cannot pay)",
     )
 
 

@@ -40,7 +40,8 @@ def load_pair(
     on torch, a GGUF file on the backend measured best for the target on this machine (the
     draft, probed too, runs on the same one). max_sequences: sequences one llama.cpp context
     serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
-    ik_llama once its probe found it exact on this machine (ValueError where it cannot be)."""
+    ik_llama once its probe found it exact on this machine, else on mainline llama.cpp a
+    forward a token (`_exact_gguf`)."""
     if backend is not None and backend not in (*BACKENDS, "auto"):
         raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
     paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
@@ -74,22 +75,25 @@ def load_pair(
 
 
 def _exact_gguf(path: Path, backend: str | None, max_sequences: int) -> str:
-    """The backend of an exact-mode GGUF target, once its probe passed; else ValueError."""
+    """The backend of an exact-mode GGUF target: ik_llama where it loads and its exact probe
+    passes (speculation can pay there); mainline llama.cpp when asked for, or where ik_llama
+    cannot run exactly (a forward a token: exact by construction, speculation cannot pay)."""
     from specwise.backends import ik_llama
 
-    if backend not in (None, "auto", "ik_llama"):
-        raise ValueError(
-            f"--exact runs GGUF models on ik_llama, not {backend}: mainline llama.cpp's "
-            f"multi-token kernels round a row differently from a one-token forward"
-        )
-    if not ik_llama.available():
-        raise ValueError(
-            f"--exact needs the ik_llama backend for GGUF models: {ik_llama.UNAVAILABLE}"
-        )
-    why = ik_llama.probe(path, False, max_sequences > 1, exact=True)
-    if why is not None:
-        raise ValueError(f"--exact cannot run {path.name} here: {why}")
-    return "ik_llama"
+    if backend == "llama_cpp":
+        return "llama_cpp"
+    why = ik_llama.UNAVAILABLE if not ik_llama.available() else None
+    why = why or ik_llama.probe(path, False, max_sequences > 1, exact=True)
+    if why is None:
+        return "ik_llama"
+    if backend == "ik_llama":
+        raise ValueError(f"--exact cannot run {path.name} on ik_llama here: {why}")
+    print(
+        f"specwise: --exact runs on llama_cpp, a forward a token (speculation cannot pay "
+        f"there), because ik_llama cannot here: {why}",
+        file=sys.stderr,
+    )
+    return "llama_cpp"
 
 
 def load(

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from specwise.backends import ik_api
 from specwise.backends.base import file_fingerprint, one_pass_each
-from specwise.backends.llama_cpp import EXACT_WIDTH, LlamaCppLM, route_log
+from specwise.backends.llama_cpp import LlamaCppLM, route_log
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
 
@@ -42,6 +42,7 @@ PROBE_TIMEOUT_S = 600
 PROBE_VERSION = 3  # part of a verdict's key: a probe that checks more asks again
 AGREE = 0.99  # least row correlation of logits that must agree (measured: >= 0.997 when right)
 _PROBE_OK = "specwise-ik-probe-ok"
+EXACT_WIDTH = 16  # exact mode's most tokens a pass: the matrix kernels change path from 32 rows
 
 
 def _ik():
@@ -72,7 +73,7 @@ class IkLlamaLM(LlamaCppLM):
     it with `probe(..., exact=True)` before trusting it on a machine."""
 
     backend = "ik_llama"
-    exact_capable = True
+    exact_width = EXACT_WIDTH
 
     def __init__(
         self, path, *, flash_attn: bool = False, repack: bool = True, exact: bool = False, **kw
@@ -126,7 +127,7 @@ class IkLlamaLM(LlamaCppLM):
         where every sequence brings the same number, else (1, tokens in the pass), which
         the cost model prices as that many tokens of one sequence."""
         if self.exact:
-            return one_pass_each(calls, EXACT_WIDTH)
+            return one_pass_each(calls, self.exact_width)
         counts = [n for _, n in calls if n > 0]
         total = sum(counts)
         if len(counts) > 1 and len(set(counts)) == 1 and total <= self._n_ubatch:

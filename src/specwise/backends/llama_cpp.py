@@ -20,15 +20,16 @@ The extra weight buffers (AMX, CPU repacking) are used unless the build has llam
 kernels compiled in: those die with SIGILL on some machines that report AMX, so such a build is
 loaded without extra buffers unless `extra_buffers=True` says otherwise.
 
-Exact mode (`exact=True`, on a library whose class sets `exact_capable`): every slot gets a
-context of its own and the kernels that make a row depend on the call's shape are left out
-(`_model_params`), so a sequence's logits depend on its tokens alone, bit for bit: not on how
-many tokens a call brings nor on the other sequences. A batch then runs as one pass per
-sequence, and a sequence's tokens in passes of at most EXACT_WIDTH where every row is asked for
-(ik_llama's matrix kernels take another path from 32 rows on; the probe checks the widths
-specwise uses; a prefill, `last_only`, is one call in every mode). Mainline llama.cpp is not exact_capable: its multi-token kernels (the flash
-attention of 8 or more queries, attention without flash attention, the repacked weights)
-round a row differently from a one-token forward (BENCHMARKS.md §7).
+Exact mode (`exact=True`): every slot gets a context of its own, so a sequence's logits depend
+on its tokens alone, bit for bit, not on the other sequences; and a sequence's tokens go in
+passes of at most the class's `exact_width` where every row is asked for, the widths whose rows
+equal a one-token forward's (a prefill, `last_only`, is one call in every mode). Mainline
+llama.cpp's multi-token kernels (the flash attention of 8 or more queries, attention without
+flash attention, the repacked weights) round a row differently from a one-token forward
+(BENCHMARKS.md §7), so its exact width is 1: verification costs a forward a token, exact by
+construction, and speculation cannot pay. ik_llama leaves out the kernels that differ
+(`IkLlamaLM`) and takes 16 tokens a pass (its matrix kernels take another path from 32
+rows on; its probe checks the widths specwise uses).
 
 Token trees (`LM.trees`, where the library's class says so: `_takes_trees`): a
 tree's tokens go into the call with sets of llama sequence ids as the attention mask. Each leaf
@@ -76,7 +77,6 @@ __all__ = [
 ]
 
 _lib = None
-EXACT_WIDTH = 16  # most tokens of one sequence per pass in exact mode (module docstring)
 TREE_LEAVES = 16  # most leaves of one tree (a token carries the ids of the leaves below it)
 _log_lock = threading.Lock()
 _last_errors: list[str] = []
@@ -220,7 +220,7 @@ class LlamaCppLM:
     llama.cpp library overrides; the rest (slots, batches, logits rows, rollback) is shared."""
 
     backend = "llama_cpp"
-    exact_capable = False  # whether `exact=True` is offered (module docstring)
+    exact_width = 1  # most tokens of a sequence per pass in exact mode (module docstring)
 
     def __init__(
         self,
@@ -235,11 +235,6 @@ class LlamaCppLM:
     ) -> None:
         path = Path(path)
         _check_gguf(path)
-        if exact and not self.exact_capable:
-            raise ValueError(
-                f"exact mode is not available on {self.backend}: its multi-token kernels round "
-                f"a row differently from a one-token forward; use the ik_llama backend"
-            )
         self.exact = exact
         self.trees = self._takes_trees()
         if threads is not None and threads < 1:
@@ -432,7 +427,7 @@ class LlamaCppLM:
                 if here is not ctx and fill:
                     decode()
                 ctx = here
-                width = EXACT_WIDTH if self.exact and not last_only else self.n_batch
+                width = self.exact_width if self.exact and not last_only else self.n_batch
                 tree = planted.get(e)
                 for i, t in enumerate(tokens):
                     if fill == width:
@@ -496,7 +491,7 @@ class LlamaCppLM:
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         if self.exact:
-            return one_pass_each(calls, EXACT_WIDTH)
+            return one_pass_each(calls, self.exact_width)
         free = iter(sorted(self._free))  # a new sequence would take the lowest free slot
         slots = [(self._slots[q] if q in self._slots else next(free, -1), n) for q, n in calls]
         return equal_passes(slots, self._n_ubatch)
