@@ -361,10 +361,14 @@ def test_bench_errors(capsys, tmp_path):
     assert "--rounds 0 is invalid" in capsys.readouterr().err
     assert main([*url, "--requests", "0"]) == 2
     assert "--requests 0 is invalid" in capsys.readouterr().err
+    assert main(["bench", "load", "--url", "ftp://127.0.0.1:9"]) == 2
+    assert "--url 'ftp://127.0.0.1:9' is not an http(s) URL" in capsys.readouterr().err
+    assert main(["bench", "load", "--url", "a=http://h:1,a=http://h:2"]) == 2
+    assert "names the server 'a' twice" in capsys.readouterr().err
     assert main([*url, "--soak", "0"]) == 2
     assert "--soak 0 / --sample-every 60 is invalid" in capsys.readouterr().err
     assert main([*url, "--soak", "60", "--concurrency", "1,2"]) == 2
-    assert "give one --concurrency" in capsys.readouterr().err
+    assert "give one --url, one --concurrency" in capsys.readouterr().err
 
 
 def test_batch_bench_measures_shapes_and_prices_them_by_their_passes(smollm2_path, tmp_path):

@@ -63,3 +63,14 @@ def test_steady_counts_tokens_while_every_worker_is_busy_after_the_start_up():
 )
 def test_steady_is_none_without_a_busy_time_or_with_failures_or_no_stream(results):
     assert _steady(results, 2) is None
+
+
+def test_servers_are_named_by_the_user_or_by_host_and_port():
+    from specwise.cli import _servers
+
+    assert _servers("http://127.0.0.1:8000") == {"": "http://127.0.0.1:8000"}
+    assert _servers("ik=http://h:1, mainline=http://h:2/v1") == {
+        "ik": "http://h:1",
+        "mainline": "http://h:2/v1",
+    }
+    assert _servers("http://h:1,http://h:2") == {"h:1": "http://h:1", "h:2": "http://h:2"}

@@ -335,7 +335,7 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     from specwise.bench.load import LoadOptions, run_load
 
     opts = LoadOptions(
-        url=server[0],
+        urls={"": server[0]},
         model=None,
         concurrency=[1, 2],
         requests=2,
@@ -368,19 +368,44 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     }
     out = capsys.readouterr().out
     ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
-    assert [(q["concurrency"], q["k"], q["vs"], len(q["by_round"])) for q in ratios] == [
-        (1, "auto", 0, 2),
-        (2, "auto", 0, 2),
+    assert [(q["concurrency"], q["setting"], q["vs"], len(q["by_round"])) for q in ratios] == [
+        (1, "k=auto", "k=0", 2),
+        (2, "k=auto", "k=0", 2),
     ]
     assert "concurrency   1: k=auto / k=0 = " in out
     assert (tmp_path / "load" / "throughput.png").exists()
+
+
+def test_a_load_run_compares_servers_side_by_side(server, tmp_path, capsys):
+    from specwise.bench.load import LoadOptions, run_load
+
+    opts = LoadOptions(
+        urls={"one": server[0], "two": server[0] + "/v1"},  # the same server, twice
+        model=None,
+        concurrency=[1],
+        requests=1,
+        prompts=PROMPTS,
+        stream=False,
+        max_tokens=4,
+        ks=[0],
+        api_key=None,
+        out=tmp_path / "load",
+    )
+    levels = run_load(opts)
+    assert [(lv["setting"], lv["server"], lv["k"]) for lv in levels] == [
+        ("one k=0", "one", 0),
+        ("two k=0", "two", 0),
+    ]
+    assert "concurrency   1: one k=0 / two k=0 = " in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "load" / "requests.jsonl").read_text().splitlines()]
+    assert [r["server"] for r in rows] == ["one", "two"]
 
 
 def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_path, capsys):
     from specwise.bench.load import LoadOptions, run_soak
 
     opts = LoadOptions(
-        url=server[0] + "/v1",  # either form of the URL reaches /health at the root
+        urls={"": server[0] + "/v1"},  # either form of the URL reaches /health at the root
         model=None,
         concurrency=[2],
         requests=1,

@@ -215,6 +215,28 @@ def _csv(convert, what: str):
     return parse
 
 
+def _servers(value: str) -> dict[str, str]:
+    """--url: a server's URL, or several as NAME=URL,NAME=URL (named by host:port without a
+    name) -> {name: URL}; one server alone is named ""."""
+    from urllib.parse import urlsplit
+
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    out: dict[str, str] = {}
+    for p in parts:
+        name, sep, url = p.partition("=")
+        if not sep or "://" in name:
+            name, url = "", p
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--url {url!r} is not an http(s) URL")
+        name = name or (urlsplit(url).netloc if len(parts) > 1 else "")
+        if name in out:
+            raise UsageError(f"--url names the server {name!r} twice; name each one once")
+        out[name] = url
+    if not out:
+        raise UsageError("--url needs a server's URL, e.g. http://127.0.0.1:8000")
+    return out
+
+
 def _bench_load(a: argparse.Namespace) -> int:
     import os
 
@@ -228,11 +250,10 @@ def _bench_load(a: argparse.Namespace) -> int:
         raise UsageError(f"--rounds {a.rounds} is invalid; use an integer >= 1")
     if not a.concurrency or min(a.concurrency) < 1:
         raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4,8")
-    if not a.url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {a.url!r} is not an http(s) URL")
+    urls = _servers(a.url)
     prompts = interleaved(load_jsonl(a.prompts) if a.prompts else builtin(a.categories))
     opts = LoadOptions(
-        url=a.url,
+        urls=urls,
         model=a.model,
         concurrency=a.concurrency,
         requests=a.requests,
@@ -252,8 +273,10 @@ def _bench_load(a: argparse.Namespace) -> int:
             f"--soak {a.soak:g} / --sample-every {a.sample_every:g} is invalid; "
             "use seconds > 0, e.g. --soak 3600 --sample-every 60"
         )
-    if len(opts.concurrency) > 1 or len(opts.ks) > 1:
-        raise UsageError("--soak keeps one level busy: give one --concurrency and at most one --k")
+    if len(opts.concurrency) > 1 or len(opts.settings()) > 1:
+        raise UsageError(
+            "--soak keeps one level busy: give one --url, one --concurrency and at most one --k"
+        )
     run_soak(opts, a.soak, a.sample_every)
     return 0
 
@@ -676,7 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bs.add_argument("--out", help="output folder (default bench-results/<timestamp>-suffix)")
     bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
-    bl.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    bl.add_argument(
+        "--url",
+        required=True,
+        help="server base URL, e.g. http://127.0.0.1:8000; several side by side as "
+        "NAME=URL,NAME=URL (the last server's last k is the baseline)",
+    )
     bl.add_argument("--model", help="model name to send (default: none, the server's)")
     bl.add_argument("--concurrency", type=_csv(int, "integers"), default=[1, 2, 4, 8])
     bl.add_argument("--requests", type=int, default=16, help="requests per level and round")

@@ -20,7 +20,9 @@ setting alike, and the statistics pool all rounds (throughput: all tokens over a
 per-round throughputs kept). Each round sends the next N prompts of the list (wrapping round),
 the same ones for every setting of the round; the CLI lists the prompts a category at a time in
 turn, so that any N of them mix the categories. With several settings, each is compared with
-the last one (e.g. `--k auto,0`: auto / 0) level by level.
+the last one (e.g. `--k auto,0`: auto / 0) level by level. Several servers (e.g. one per
+backend) make settings together with the k values: server by server, every k; each level runs
+them all side by side, and the last (e.g. the mainline server's k=0) is the baseline.
 A soak (`run_soak`) instead keeps one level busy for a given time and samples the server's
 /health as it goes (does its memory stay bounded?).
 Talks HTTP only; it knows nothing of specwise's internals.
@@ -47,7 +49,7 @@ __all__ = ["LoadOptions", "run_load", "run_soak"]
 
 @dataclass
 class LoadOptions:
-    url: str
+    urls: dict[str, str]  # name -> base URL; one server: {"": url}
     model: str | None
     concurrency: list[int]
     requests: int
@@ -59,6 +61,24 @@ class LoadOptions:
     out: Path
     timeout_s: float = 600.0
     rounds: int = 1
+
+    def settings(self) -> list[Setting]:
+        """Every server with every k, in that order."""
+        return [Setting(url, k, name) for name, url in self.urls.items() for k in self.ks]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One server and one `speculative.k` (None: none sent); `name` when several servers run."""
+
+    url: str
+    k: int | str | None
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        k = "server default" if self.k is None else f"k={self.k}"
+        return f"{self.name} {k}" if self.name else k
 
 
 def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
@@ -165,24 +185,24 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def _client(opts: LoadOptions, api: bool = True) -> httpx.Client:
+def _client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client:
     """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health)."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    base = opts.url.rstrip("/").removesuffix("/v1")
+    base = url.rstrip("/").removesuffix("/v1")
     return httpx.Client(
         base_url=base + "/v1" if api else base, headers=headers, timeout=opts.timeout_s
     )
 
 
 def _run(
-    opts: LoadOptions, concurrency: int, k, first: int = 0
+    opts: LoadOptions, concurrency: int, setting: Setting, first: int = 0
 ) -> tuple[list[dict[str, Any]], float]:
     """One run of a level, with the prompts from `first` on (wrapping round): (per-request
     results, wall seconds)."""
-    with _client(opts) as client, ThreadPoolExecutor(concurrency) as pool:
+    with _client(setting.url, opts) as client, ThreadPoolExecutor(concurrency) as pool:
         picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
         t0 = time.perf_counter()
-        results = list(pool.map(lambda p: _one(client, opts, opts.prompts[p], k), picks))
+        results = list(pool.map(lambda p: _one(client, opts, opts.prompts[p], setting.k), picks))
         wall = time.perf_counter() - t0
     for p, r in zip(picks, results, strict=True):  # which prompt; times from the run's start
         r["prompt"] = p
@@ -194,7 +214,9 @@ def _run(
     return results, wall
 
 
-def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) -> dict:
+def _level(
+    concurrency: int, setting: Setting, runs: list[tuple[list[dict[str, Any]], float]]
+) -> dict:
     """A level's statistics over its runs."""
     results = [r for rs, _ in runs for r in rs]
     ok = [r for r in results if "error" not in r]
@@ -210,7 +232,9 @@ def _level(concurrency: int, k, runs: list[tuple[list[dict[str, Any]], float]]) 
         steady_by_round = [n / t for n, t in steady]
     return {
         "concurrency": concurrency,
-        "k": k,
+        "setting": setting.label,
+        "server": setting.name,
+        "k": setting.k,
         "requests": len(results),
         "errors": len(results) - len(ok),
         "error_kinds": sorted({r["error"] for r in results if "error" in r}),
@@ -248,8 +272,8 @@ def _ratios(levels: list[dict]) -> list[dict]:
             out.append(
                 {
                     "concurrency": c,
-                    "k": lv["k"],
-                    "vs": base["k"],
+                    "setting": lv["setting"],
+                    "vs": base["setting"],
                     "pooled": pooled,
                     "by_round": by_round,
                     "steady": steady,
@@ -272,11 +296,11 @@ def _plots(levels: list[dict], out: Path) -> list[Path]:
         ("ttft_s", "p50 TTFT (s)", "ttft.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 3.8))
-        for k in dict.fromkeys(lv["k"] for lv in levels):
+        for label in dict.fromkeys(lv["setting"] for lv in levels):
             pts = [
                 (lv["concurrency"], lv[key] if key == "throughput_tokens_per_s" else lv[key]["p50"])
                 for lv in levels
-                if lv["k"] == k
+                if lv["setting"] == label
             ]
             pts = [p for p in pts if p[1] is not None]
             if pts:
@@ -284,12 +308,13 @@ def _plots(levels: list[dict], out: Path) -> list[Path]:
                     [p[0] for p in pts],
                     [p[1] for p in pts],
                     marker="o",
-                    label="server default" if k is None else f"k={k}",
+                    label=label,
                 )
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=8)
+        if ax.lines:  # none where nothing was measured (TTFT without --stream)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=90)
         plt.close(fig)
@@ -306,31 +331,34 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[tuple[int, Any], list] = {(c, k): [] for c in opts.concurrency for k in opts.ks}
+    settings = opts.settings()
+    runs: dict[tuple[int, Setting], list] = {(c, x): [] for c in opts.concurrency for x in settings}
     with (
         tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar,
         (opts.out / "requests.jsonl").open("w") as log,
     ):
         for c in opts.concurrency:
             for i in range(opts.rounds):
-                for k in opts.ks if i % 2 == 0 else opts.ks[::-1]:
-                    bar.set_postfix_str(f"concurrency {c} k={k} round {i + 1}")
-                    results, wall = _run(opts, c, k, first=i * opts.requests)
-                    runs[(c, k)].append((results, wall))
+                for x in settings if i % 2 == 0 else settings[::-1]:
+                    bar.set_postfix_str(f"concurrency {c} {x.label} round {i + 1}")
+                    results, wall = _run(opts, c, x, first=i * opts.requests)
+                    runs[(c, x)].append((results, wall))
                     for j, r in enumerate(results):
-                        row = {"concurrency": c, "k": k, "round": i + 1, "request": j, **r}
+                        row = {"concurrency": c, "server": x.name, "k": x.k, "round": i + 1}
+                        row = {**row, "request": j, **r}
                         log.write(json.dumps(row, separators=(",", ":")) + "\n")
                     log.flush()
                     bar.update(1)
-    levels = [_level(c, k, rs) for (c, k), rs in runs.items()]
+    levels = [_level(c, x, rs) for (c, x), rs in runs.items()]
     ratios = _ratios(levels)
+    width = max(len(x.label) for x in settings)
     lines = [
-        f"{'conc':>4} {'k':>5} {'tok/s':>8} {'steady':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
+        f"{'conc':>4} {'setting':>{width}} {'tok/s':>8} {'steady':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
         f"{'TTFT p50':>8} {'cont. tok/s p50':>15} {'errors':>6}"
     ]
     for lv in levels:
         lines.append(
-            f"{lv['concurrency']:>4} {lv['k'] if lv['k'] is not None else '-'!s:>5} "
+            f"{lv['concurrency']:>4} {lv['setting']:>{width}} "
             f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['steady_tokens_per_s']):>8} "
             f"{_fmt(lv['latency_s']['p50']):>7} "
             f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
@@ -342,7 +370,7 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     for q in ratios:
         rounds = ", ".join(f"{x:.2f}" for x in q["by_round"])
         line = (
-            f"concurrency {q['concurrency']:>3}: k={q['k']} / k={q['vs']} = {q['pooled']:.3f}"
+            f"concurrency {q['concurrency']:>3}: {q['setting']} / {q['vs']} = {q['pooled']:.3f}"
             f" ({rounds})"
         )
         if q["steady"] is not None:
@@ -352,7 +380,7 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     table = "\n".join(lines)
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
-        "url": opts.url,
+        "urls": opts.urls,
         "max_tokens": opts.max_tokens,
         "stream": opts.stream,
         "rounds": opts.rounds,
@@ -404,7 +432,8 @@ def soak_table(samples: list[dict]) -> list[str]:
 
 def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> list[dict]:
     """Load without pause for `seconds`: `opts.concurrency[0]` workers each send the next
-    prompt (wrapping round) as soon as their last request ends, with the setting `opts.ks[0]`.
+    prompt (wrapping round) as soon as their last request ends, with the first setting (the
+    first server, `opts.ks[0]`).
     Every `every` seconds, and once more when the last request has ended, a sample: the time,
     the requests answered and failed so far, and the numbers the server's /health reports
     (a specwise server: its resident memory and the size of the suffix drafter's memory).
@@ -413,7 +442,7 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
-    workers, k = opts.concurrency[0], opts.ks[0]
+    workers, setting = opts.concurrency[0], opts.settings()[0]
     picks = itertools.count()
     counts = {"answered": 0, "failed": 0}
     lock = threading.Lock()
@@ -422,11 +451,13 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
     def work(client: httpx.Client, log) -> None:
         while time.perf_counter() - t0 < seconds:
             p = next(picks) % len(opts.prompts)
-            r = _one(client, opts, opts.prompts[p], k)
+            r = _one(client, opts, opts.prompts[p], setting.k)
             r.pop("progress", None)
             with lock:
                 counts["failed" if "error" in r else "answered"] += 1
-                log.write(json.dumps({"prompt": p, "k": k, **r}, separators=(",", ":")) + "\n")
+                row = {"prompt": p, "k": setting.k, **r}
+                log.write(json.dumps(row, separators=(",", ":")) + "\n")
+                log.flush()
 
     samples: list[dict] = []
 
@@ -436,8 +467,8 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
         samples.append({**row, "health": _health(root)})
 
     with (
-        _client(opts) as client,
-        _client(opts, api=False) as root,
+        _client(setting.url, opts) as client,
+        _client(setting.url, opts, api=False) as root,
         (opts.out / "requests.jsonl").open("w") as log,
         ThreadPoolExecutor(workers) as pool,
         tqdm(total=round(seconds), desc="soak", unit="s", file=sys.stderr) as bar,
@@ -454,9 +485,9 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
     lines = soak_table(samples)
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
-        "url": opts.url,
+        "url": setting.url,
         "concurrency": workers,
-        "k": k,
+        "k": setting.k,
         "seconds": seconds,
         "samples": samples,
     }
