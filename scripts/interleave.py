@@ -5,23 +5,12 @@ step after every 15th. Median plain-step ms per block; sequences grow as in deco
 Usage: python scripts/interleave.py [--model qwen2.5-coder-1.5b-instruct] [--blocks 16]
 """
 
-import argparse
 import statistics
 import time
 
-import numpy as np
+from _model import prefilled
 
-from specwise.backends import load
-
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="catalog name or file")
-p.add_argument("--backend", default="auto")
-p.add_argument("--blocks", type=int, default=16)
-a = p.parse_args()
-lm = load(a.model, a.backend, max_sequences=5)
-rng = np.random.default_rng(0)
-for q in range(4):
-    lm.forward([(q, [int(t) for t in rng.integers(10, 1000, size=200)])], last_only=True)
+a, lm, rng = prefilled(__doc__, 4, "--blocks", 16)
 res = {"off": [], "auto": []}
 for block in range(a.blocks):
     mode = "off" if block % 2 == 0 else "auto"

@@ -4,23 +4,12 @@ for both rows or for the first only, against a plain step of s (medians of 7 cal
 Usage: python scripts/lmhead.py [--model qwen2.5-coder-1.5b-instruct] [--repeats 3]
 """
 
-import argparse
 import statistics
 import time
 
-import numpy as np
+from _model import PREFIX, prefilled
 
-from specwise.backends import load
-
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="catalog name or file")
-p.add_argument("--backend", default="auto")
-p.add_argument("--repeats", type=int, default=3)
-a = p.parse_args()
-lm = load(a.model, a.backend, max_sequences=10)
-rng = np.random.default_rng(0)
-for q in range(8):
-    lm.forward([(q, [int(t) for t in rng.integers(10, 1000, size=200)])], last_only=True)
+a, lm, _ = prefilled(__doc__, 8, "--repeats", 3)
 
 
 def run(s, n, rows=None):
@@ -30,7 +19,7 @@ def run(s, n, rows=None):
         lm.forward([(q, [11, 12][:n]) for q in range(s)], rows=rows and [rows] * s)
         ts.append((time.perf_counter() - t) * 1000)
         for q in range(s):
-            lm.truncate(q, 200)
+            lm.truncate(q, PREFIX)
     return statistics.median(ts[1:])
 
 

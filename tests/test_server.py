@@ -336,14 +336,11 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
 
     opts = LoadOptions(
         urls={"": server[0]},
-        model=None,
         concurrency=[1, 2],
         requests=2,
         prompts=PROMPTS,
-        stream=True,
         max_tokens=8,
         ks=["auto", 0],
-        api_key=None,
         out=tmp_path / "load",
         rounds=2,
     )
@@ -381,14 +378,12 @@ def test_a_load_run_compares_servers_side_by_side(server, tmp_path, capsys):
 
     opts = LoadOptions(
         urls={"one": server[0], "two": server[0] + "/v1"},  # the same server, twice
-        model=None,
         concurrency=[1],
         requests=1,
         prompts=PROMPTS,
         stream=False,
         max_tokens=4,
         ks=[0],
-        api_key=None,
         out=tmp_path / "load",
     )
     levels = run_load(opts)
@@ -406,14 +401,10 @@ def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_pat
 
     opts = LoadOptions(
         urls={"": server[0] + "/v1"},  # either form of the URL reaches /health at the root
-        model=None,
         concurrency=[2],
-        requests=1,
         prompts=PROMPTS,
-        stream=True,
         max_tokens=8,
         ks=[4],
-        api_key=None,
         out=tmp_path / "soak",
     )
     samples = run_soak(opts, seconds=2.0, every=0.5)

@@ -50,15 +50,15 @@ __all__ = ["LoadOptions", "run_load", "run_soak"]
 @dataclass
 class LoadOptions:
     urls: dict[str, str]  # name -> base URL; one server: {"": url}
-    model: str | None
     concurrency: list[int]
-    requests: int
     prompts: list[str]
-    stream: bool
-    max_tokens: int
     ks: list[int | str | None]  # None: send no `speculative` field (any server)
-    api_key: str | None
     out: Path
+    model: str | None = None
+    requests: int = 16
+    stream: bool = True
+    max_tokens: int = 128
+    api_key: str | None = None
     timeout_s: float = 600.0
     rounds: int = 1
 
