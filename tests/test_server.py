@@ -232,6 +232,14 @@ def local(engine):
         ({"prompt": "hi", "speculative": {"k": -1}}, 400, "speculative.k"),
         ({"prompt": "hi", "speculative": {"drafter": "eagle"}}, 400, "speculative.drafter"),
         ({"prompt": "word " * 600}, 400, "prompt"),
+        # fields that would change the answer and are not implemented: refused by name
+        ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"prompt": "hi", "frequency_penalty": "x"}, 400, "frequency_penalty"),
+        ({"prompt": "hi", "logit_bias": {"42": 5}}, 400, "logit_bias"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "tools"),
+        ({"prompt": "hi", "tool_choice": {"type": "function"}}, 400, "tool_choice"),
     ],
 )
 def test_bad_input_gets_a_4xx_naming_the_field(local, body, status, param):
@@ -255,6 +263,38 @@ def test_malformed_json_oversized_body_and_bad_messages(local):
     # and the server still serves
     r = local.post("/v1/completions", json=greedy(PROMPTS[2], max_tokens=4))
     assert r.status_code == 200 and 1 <= r.json()["usage"]["completion_tokens"] <= 4
+
+
+def test_chat_content_as_text_parts_and_fields_that_change_nothing(local):
+    def chat(messages, **kw):
+        body = {"messages": messages, "max_tokens": 6, "temperature": 0, **kw}
+        return local.post("/v1/chat/completions", json=body)
+
+    text = chat([{"role": "user", "content": "Say hello.\nThen stop."}])
+    parts = [{"type": "text", "text": "Say hello."}, {"type": "text", "text": "Then stop."}]
+    same = chat(
+        [{"role": "user", "content": parts}],
+        user="someone",  # fields that change nothing are accepted
+        presence_penalty=0,
+        logprobs=False,
+        response_format={"type": "text"},
+        tool_choice="none",
+    )
+    assert text.status_code == same.status_code == 200, same.text
+    assert same.json()["choices"][0]["message"] == text.json()["choices"][0]["message"]
+    developer = chat(
+        [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    )
+    system = chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert developer.json()["choices"][0] == system.json()["choices"][0]
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    r = chat([{"role": "user", "content": [parts[0], image]}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[1]"
+    assert "'image_url'; this server takes text parts only" in r.json()["error"]["message"]
+    r = chat([{"role": "user", "content": [{"type": "text", "text": 5}]}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].text"
+    r = chat([{"role": "user", "content": "Hi"}], top_logprobs=2)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
 
 
 def test_per_request_speculation_override(local):

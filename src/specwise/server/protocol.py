@@ -1,7 +1,12 @@
 """The OpenAI wire format: validating request bodies and building responses and stream chunks.
 
 Every bad request becomes an `ApiError` with an HTTP status and an OpenAI-style body that names
-the offending field (`param`). This module holds no model, no queue and no HTTP server.
+the offending field (`param`). A field that would change what the client gets and that this
+server does not implement (tools, a JSON response format, logprobs, penalties, logit bias) is
+refused by name rather than ignored; fields that change nothing (`user`, zero penalties, ...)
+are accepted. A chat message's content is a string or a list of text parts (joined by newlines);
+a `developer` message is a system message. This module holds no model, no queue and no HTTP
+server.
 """
 
 from __future__ import annotations
@@ -83,6 +88,53 @@ def _number(body: dict, field: str, default, kind=float, lo=None, hi=None):
     return v
 
 
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or a list of text parts ({"type": "text", "text": ...})."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise _bad(f"{where}.content", f"{where}.content must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        field = f"{where}.content[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise _bad(field, f"{field} is of type {kind!r}; this server takes text parts only")
+        if not isinstance(part.get("text"), str):
+            raise _bad(f"{field}.text", f"{field}.text must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _refuse_unimplemented(body: dict, chat: bool) -> None:
+    """400 for a field that would change the answer and that this server does not implement."""
+    if body.get("tools") or body.get("functions"):
+        field = "tools" if body.get("tools") else "functions"
+        raise _bad(field, f"'{field}' (function calling) is not supported by this server")
+    choice = body.get("tool_choice")
+    if choice not in (None, "none", "auto"):
+        raise _bad("tool_choice", "'tool_choice' cannot name a tool: this server has no tools")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise _bad(
+            "response_format",
+            "'response_format' other than {'type': 'text'} (JSON mode, a JSON schema) is not "
+            "supported by this server",
+        )
+    wants = body.get("top_logprobs") if chat else None
+    if body.get("logprobs") or wants:
+        field = "logprobs" if body.get("logprobs") else "top_logprobs"
+        raise _bad(field, f"'{field}' is not supported by this server yet")
+    for field in ("presence_penalty", "frequency_penalty"):
+        if _number(body, field, 0.0, float, -2.0, 2.0) != 0.0:
+            raise _bad(field, f"'{field}' other than 0 is not supported by this server")
+    if body.get("logit_bias"):
+        raise _bad("logit_bias", "'logit_bias' is not supported by this server")
+
+
 def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
     """Validate a /v1/completions (chat=False) or /v1/chat/completions body."""
     if not isinstance(body, dict):
@@ -109,14 +161,15 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
                 raise _bad(
                     f"messages[{i}]", f"messages[{i}] must be an object with a 'role' string"
                 )
-            if m["role"] not in ("system", "user", "assistant"):
+            if m["role"] not in ROLES:
                 raise _bad(
                     f"messages[{i}].role",
-                    f"messages[{i}].role {m['role']!r} is not one of system, user, assistant",
+                    f"messages[{i}].role {m['role']!r} is not one of {', '.join(ROLES)}",
                 )
-            if not isinstance(m.get("content"), str):
-                raise _bad(f"messages[{i}].content", f"messages[{i}].content must be a string")
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        messages = [
+            {"role": ROLES[m["role"]], "content": _content(m.get("content"), f"messages[{i}]")}
+            for i, m in enumerate(messages)
+        ]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -125,6 +178,7 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
             raise _bad("prompt", "'prompt' must be a string (or a list of one string)")
         if not prompt:
             raise _bad("prompt", "'prompt' is empty")
+    _refuse_unimplemented(body, chat)
     n = _number(body, "n", 1, int)
     if n != 1:
         raise _bad("n", f"'n' = {n} is not supported; only n = 1")
