@@ -513,3 +513,45 @@ def test_the_scheduler_saves_what_the_controller_learnt_between_rounds(tmp_path)
         loop.close()
     saved = json.loads((tmp_path / "learnt.json").read_text())
     assert saved["ngram"]["seen"] and saved == ctl.state()
+
+
+def test_sigterm_lets_the_requests_in_flight_finish(smollm2_path, tmp_path):
+    """`specwise serve` on SIGTERM stops taking requests and drains those in flight
+    (--drain-timeout), then exits cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {**os.environ, "SPECWISE_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "specwise.cli", "serve", "--target", str(smollm2_path)]
+    cmd += ["--backend", "llama_cpp", "--k", "0", "--port", str(port), "--drain-timeout", "60"]
+    server = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert server.poll() is None and time.time() < deadline, "the server did not start"
+            try:
+                if httpx.get(url + "/health").json()["status"] == "ok":
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"prompt": PROMPTS[0], "max_tokens": 64, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        chunks = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+                    if len(chunks) == 1:
+                        server.send_signal(signal.SIGTERM)  # mid-stream
+        assert chunks[-1]["usage"]["completion_tokens"] == 64  # finished, not cut
+        assert any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+        assert server.wait(timeout=60) == 0  # the learning saved, the process left cleanly
+        with pytest.raises(httpx.HTTPError):  # and takes no more requests
+            httpx.get(url + "/health")
+    finally:
+        if server.poll() is None:
+            server.kill()

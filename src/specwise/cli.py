@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -548,6 +549,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(f"--max-batch {a.max_batch} is invalid; use an integer >= 1")
     if a.max_queue < 0:
         raise UsageError(f"--max-queue {a.max_queue} is invalid; use an integer >= 0")
+    if a.drain_timeout < 0:
+        raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
         raise UsageError(f"--port {a.port} is invalid; use 1..65535")
     api_keys = a.api_key or [k for k in [os.environ.get("SPECWISE_API_KEY")] if k]
@@ -579,13 +582,27 @@ def cmd_serve(a: argparse.Namespace) -> int:
         f"(k={engine.k}, drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
         file=sys.stderr,
     )
+    # uvicorn drains on SIGTERM, then raises the signal again as it returns: leave through
+    # `finally` (what was learnt is saved) with status 0 rather than die of it
+    previous = signal.signal(signal.SIGTERM, _exit_quietly)
     try:
-        uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+        uvicorn.run(
+            app,
+            host=a.host,
+            port=a.port,
+            log_level="warning",
+            timeout_graceful_shutdown=a.drain_timeout,
+        )
     finally:
+        signal.signal(signal.SIGTERM, previous)
         _save_memory(a, engine)
         if sink is not None:
             sink.close()
     return 0
+
+
+def _exit_quietly(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -743,6 +760,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C: stop taking requests, let those in flight finish for up to "
+        "this many seconds, then cancel the rest (30)",
+    )
     s.add_argument(
         "--api-key",
         action="append",

@@ -97,7 +97,9 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        out = {"status": "ok", "model": model_name, **state["scheduler"].load}
+        load = state["scheduler"].load
+        status = "busy" if load["queued"] >= max_queue else "ok"  # new requests would get 429
+        out = {"status": status, "model": model_name, **load}
         out["exact"] = engine.target.exact
         out["rss_mb"] = round(rss_mb(), 1)
         for d in engine.drafters:
