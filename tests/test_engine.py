@@ -258,3 +258,33 @@ def test_metric_invariants_on_a_sampled_run(target, unrelated):
     u = s.acceptance_per_position
     assert all(a >= b for a, b in itertools.pairwise(u))
     assert np.isclose(sum(r.emitted for r in res.rounds), len(res.tokens))
+
+
+def test_a_prompt_fed_in_chunks_decodes_as_one_fed_whole():
+    """`admit` + `prefill` in chunks (as the server interleaves prompts with rounds) gives what
+    `start` gives; the time between chunks is round 0's overhead, not prefill."""
+    import time
+
+    lm = ToyLM(vocab=12, seed=3)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
+    params = SamplingParams(max_tokens=16)
+    eng = Engine(lm, NgramDrafter(), k=4)
+    want = eng.generate(prompt, params).tokens
+    for budget in (1, 3, 9):
+        req = eng.admit(prompt, params)
+        assert not req.rounds and req.prefilled == 0
+        fed = []
+        while not eng.prefill(req, budget):
+            fed.append(req.prefilled)
+            time.sleep(0.01)
+        assert fed == list(range(budget, len(prompt), budget))
+        assert req.rounds[0].emitted == 1 and req.rounds[0].overhead_ms >= 10.0 * len(fed)
+        while not req.done:
+            eng.step([req])
+        res = eng.finish(req)
+        assert res.tokens == want, budget
+        s = res.summary
+        parts = s.prefill_ms + s.draft_prefill_ms + sum(r.round_ms for r in res.rounds)
+        assert parts == pytest.approx(s.total_ms, rel=0.01)
+    with pytest.raises(ValueError, match="a prefill budget of 0 tokens is invalid"):
+        eng.prefill(eng.admit(prompt, params), 0)

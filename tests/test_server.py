@@ -297,6 +297,28 @@ def test_chat_content_as_text_parts_and_fields_that_change_nothing(local):
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
 
 
+@pytest.mark.parametrize("chunk, first", [(8, "short"), (None, "long")])
+def test_a_short_request_is_not_held_behind_a_long_prefill(engine, chunk, first):
+    """A short prompt that arrives while a long one is being prefilled gets its first token
+    first when prompts go in chunks (the shortest remaining first); fed whole, it waits."""
+    app = create_app(engine, MODEL, max_batch=4, prefill_chunk=chunk)
+    done: list[str] = []
+
+    def ask(name: str, prompt: str) -> None:
+        body = greedy(prompt, max_tokens=1, speculative={"k": 0})
+        assert c.post("/v1/completions", json=body).status_code == 200
+        done.append(name)
+
+    with TestClient(app) as c, ThreadPoolExecutor(2) as pool:
+        long = pool.submit(ask, "long", "one two three four five six seven eight " * 55)
+        deadline = time.time() + 30
+        while c.get("/health").json()["prefilling"] == 0:  # the long prompt is going in
+            assert time.time() < deadline and not long.done(), "never saw the long prefill"
+        pool.submit(ask, "short", PROMPTS[2]).result()
+        long.result()
+    assert done[0] == first
+
+
 def test_per_request_speculation_override(local):
     plain = local.post("/v1/completions", json=greedy(PROMPTS[0], speculative={"k": 0})).json()
     assert plain["speculative"]["proposed"] == 0
@@ -456,7 +478,9 @@ def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_pat
     assert samples[-1]["health"]["running"] == 0  # every request had ended
     rows = (tmp_path / "soak" / "requests.jsonl").read_text().splitlines()
     assert len(rows) == samples[-1]["answered"]
-    assert "| minutes | answered | failed | running | queued | rss_mb |" in capsys.readouterr().out
+    assert "| minutes | answered | failed | running | prefilling | queued | rss_mb |" in (
+        capsys.readouterr().out
+    )
     assert json.loads((tmp_path / "soak" / "soak.json").read_text())["k"] == 4
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from specwise.backends import BACKENDS
 from specwise.drafters.suffix import SCOPES
 from specwise.sampling import SamplingParams
+from specwise.server.scheduler import PREFILL_CHUNK
 
 __all__ = ["main"]
 
@@ -549,6 +550,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(f"--max-batch {a.max_batch} is invalid; use an integer >= 1")
     if a.max_queue < 0:
         raise UsageError(f"--max-queue {a.max_queue} is invalid; use an integer >= 0")
+    if a.prefill_chunk < 0:
+        raise UsageError(
+            f"--prefill-chunk {a.prefill_chunk} is invalid; use tokens >= 1, or 0 for whole prompts"
+        )
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
@@ -576,6 +581,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         max_queue=a.max_queue,
         api_keys=api_keys,
         cors_origins=a.cors or None,
+        prefill_chunk=a.prefill_chunk or None,
     )
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
@@ -760,6 +766,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
+    s.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=PREFILL_CHUNK,
+        help=f"prompt tokens fed between two rounds, so a long prompt does not stall the "
+        f"running streams (default {PREFILL_CHUNK}; 0: whole prompts; exact mode: whole)",
+    )
     s.add_argument(
         "--drain-timeout",
         type=float,

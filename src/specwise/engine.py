@@ -152,9 +152,26 @@ class Engine:
         drafter: str | None = None,
         tenant: str | None = None,
     ) -> Request:
-        """Validate a request, prefill the target (and drafters), and return it ready to step.
-        `k` and `drafter` override the engine's choice for this request only; `tenant` names
-        whose request it is, for drafters that learn across requests (see `Drafter.begin`)."""
+        """Validate a request, prefill the target (and drafters), and return it ready to step:
+        `admit`, then `prefill` of the whole prompt."""
+        req = self.admit(
+            prompt, params, request_id=request_id, arrival=arrival, k=k, drafter=drafter
+        )
+        self.prefill(req, tenant=tenant)
+        return req
+
+    def admit(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        arrival: float | None = None,
+        k: int | str | None = None,
+        drafter: str | None = None,
+    ) -> Request:
+        """Validate a request and give it a sequence; nothing is fed yet (`prefill`). `k` and
+        `drafter` override the engine's choice for this request only."""
         arrival = time.perf_counter() if arrival is None else arrival
         self.check_override(k, drafter)
         prompt = [int(t) for t in prompt]
@@ -176,7 +193,7 @@ class Engine:
         if params.stop and tok is None:
             raise ValueError("stop strings need a tokenizer, and this target has none")
         seq = new_sequence(self.target)
-        req = Request(
+        return Request(
             id=request_id or f"req-{seq}",
             seq=seq,
             params=params,
@@ -188,22 +205,33 @@ class Engine:
             k=k,
             only=drafter,
         )
+
+    def prefill(self, req: Request, budget: int | None = None, tenant: str | None = None) -> bool:
+        """Feed the target the next `budget` tokens of the prompt (None: the rest); True once
+        the whole prompt is in. With the last of it comes round 0: the first token, from the
+        prompt's last logits exactly as plain decoding takes it, and the drafters' prefill
+        (`tenant`: whose request, for drafters that learn across requests, `Drafter.begin`).
+        Its forwards are the request's `prefill_ms`; the time between chunks is round 0's
+        overhead. If it raises, the request's caches are released."""
+        if budget is not None and budget < 1:
+            raise ValueError(f"a prefill budget of {budget} tokens is invalid; use >= 1")
+        prompt, seq, start = req.context[: req.n_prompt], req.seq, req.prefilled
+        end = req.n_prompt if budget is None else min(req.n_prompt, start + budget)
         t0 = time.perf_counter()
         try:
-            last = self.target.forward([(seq, prompt)], last_only=True)[0]  # [1, V]
+            last = self.target.forward([(seq, prompt[start:end])], last_only=True)[0]  # [1, V]
             t1 = time.perf_counter()
-            # Round 0: the first token comes from the prefill's last logits, exactly as plain
-            # decoding does it; the prefill is its forward (counted in prefill_ms).
+            req.prefilled, req.prefill_ms = end, req.prefill_ms + (t1 - t0) * _ms
+            if end < req.n_prompt:
+                return False
             verdict = self._verify(req, Draft([], None), last)
             first = Proposal(None, Draft([], None), emitted=self._emit(req, verdict.tokens))
-            req.prefill_ms = (t1 - t0) * _ms
-            # Round 0's overhead: the time from arrival to its end, less the prefill.
-            req.clock = req.arrival + (t1 - t0)
+            req.clock = req.arrival + req.prefill_ms / _ms  # round 0's overhead: the rest
             self._record(req, first, verdict, 0.0, 0.0, 1)
             t2 = time.perf_counter()
             # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
             # controller first picks them: a request that never uses one does not pay for it.
-            k_req = self.k if k is None else k
+            k_req = self.k if req.k is None else req.k
             for d in self._allowed(req):
                 if k_req != 0 and (k_req != "auto" or d.cheap) and not req.done:
                     self._drafter_call(req, d, d.begin, seq, prompt, tenant)
@@ -215,7 +243,7 @@ class Engine:
             raise
         req.clock = time.perf_counter()
         req.draft_prefill_ms = (req.clock - t2) * _ms
-        return req
+        return True
 
     def finish(self, req: Request) -> GenerationResult:
         """Release the request's caches and summarise it (also for a cancelled request)."""

@@ -25,6 +25,7 @@ class Request:
     n_prompt: int
     detok: Detokenizer | None
     rounds: list[RoundTrace] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the target's cache (`Engine.prefill`)
     prefill_ms: float = 0.0  # the target's
     draft_prefill_ms: float = 0.0  # the drafters' (begin)
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"

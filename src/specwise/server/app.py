@@ -26,7 +26,7 @@ from specwise.engine import Engine
 from specwise.server import protocol
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
-from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.server.scheduler import PREFILL_CHUNK, Job, QueueFull, Scheduler
 from specwise.trace import rss_mb
 
 __all__ = ["create_app"]
@@ -48,12 +48,15 @@ def create_app(
     api_keys: Sequence[str] = (),
     cors_origins: list[str] | None = None,
     max_body_bytes: int = 4 << 20,
+    prefill_chunk: int | None = PREFILL_CHUNK,
 ) -> FastAPI:
     metrics = Metrics()
     state: dict[str, Scheduler] = {}
 
     async def lifespan(app: FastAPI):
-        state["scheduler"] = Scheduler(engine, metrics, max_batch=max_batch, max_queue=max_queue)
+        state["scheduler"] = Scheduler(
+            engine, metrics, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk
+        )
         yield
         state.pop("scheduler").close()
 

@@ -1,9 +1,13 @@
 """`Scheduler`: continuous batching on one worker thread that owns the engine.
 
-Each loop: admit waiting requests up to `max_batch` (prefill), drop cancelled ones (their
-caches released at once), run ONE engine round over every running sequence (drafts for each,
-one batched target forward), then publish each request's new text to its asyncio queue. New
-requests join between rounds. If a batched round fails, each request is retried alone, so only
+Each loop: admit waiting requests up to `max_batch`, drop cancelled ones (their caches released
+at once), run ONE engine round over every running sequence (drafts for each, one batched target
+forward), publish each request's new text to its asyncio queue, then feed prefilling requests up
+to `prefill_chunk` prompt tokens, the shortest remaining prompt first: a long prompt delays the
+running streams by one chunk a round, not by its whole prefill, and a short request arriving
+behind it starts within a chunk. A request joins the rounds once its prompt is in. In exact mode
+prompts go in whole, as plain one-request decoding feeds them (a chunk's kernels could round the
+cache differently). If a batched round fails, each request is retried alone, so only
 the request that fails alone is failed (a round that raises leaves every request as it was:
 `Engine.step`). Every `save_every_s` seconds, between rounds, what the controller learnt is
 saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches the engine.
@@ -29,6 +33,7 @@ __all__ = ["Job", "QueueFull", "Scheduler"]
 
 log = logging.getLogger(__name__)
 SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
+PREFILL_CHUNK = 128  # default prompt tokens fed between two rounds
 
 
 class QueueFull(Exception):
@@ -67,17 +72,22 @@ class Scheduler:
         max_batch: int = 4,
         max_queue: int = 64,
         save_every_s: float = SAVE_EVERY_S,
+        prefill_chunk: int | None = PREFILL_CHUNK,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError(
                 f"max_batch = {max_batch} must be >= 1 and max_queue = {max_queue} >= 0"
             )
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk = {prefill_chunk} must be >= 1 (or None: whole)")
         self.engine, self.metrics = engine, metrics
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.prefill_chunk = None if engine.target.exact else prefill_chunk
         self.save_every_s = save_every_s
         self._saved = time.monotonic()
         self._pending: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
+        self._prefilling: list[Job] = []
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="specwise-scheduler", daemon=True)
@@ -105,13 +115,17 @@ class Scheduler:
 
     @property
     def load(self) -> dict[str, int]:
-        return {"running": len(self._running), "queued": len(self._pending)}
+        return {
+            "running": len(self._running),
+            "prefilling": len(self._prefilling),
+            "queued": len(self._pending),
+        }
 
     # -- the worker thread -------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._pending and not self._running:
+                while not (self._stop or self._pending or self._running or self._prefilling):
                     self._cond.wait()
                 if self._stop:
                     break
@@ -119,17 +133,19 @@ class Scheduler:
                     self._pending.remove(job)
                     self.metrics.requests.labels("cancelled").inc()
                 admit = []
-                while self._pending and len(self._running) + len(admit) < self.max_batch:
+                busy = len(self._running) + len(self._prefilling)
+                while self._pending and busy + len(admit) < self.max_batch:
                     admit.append(self._pending.popleft())
                 self.metrics.queue_depth.set(len(self._pending))
             for job in admit:
-                self._start(job)
-            for job in [j for j in self._running if j.cancelled]:
+                self._admit(job)
+            for job in [j for j in self._running + self._prefilling if j.cancelled]:
                 self._end(job, "cancelled")
             if self._running:
                 self._round()
                 self._save_learning()
-        for job in list(self._running) + list(self._pending):
+            self._prefill()
+        for job in self._running + self._prefilling + list(self._pending):
             job.emit("error", (503, "the server is shutting down"))
             if job.req is not None:
                 self.engine.finish(job.req)
@@ -142,28 +158,47 @@ class Scheduler:
         self._saved = time.monotonic()
         controller.save()
 
-    def _start(self, job: Job) -> None:
+    def _admit(self, job: Job) -> None:
         try:
-            job.req = self.engine.start(
+            job.req = self.engine.admit(
                 job.prompt,
                 job.params,
                 request_id=job.id,
                 arrival=job.arrival,
                 k=job.k,
                 drafter=job.drafter,
-                tenant=job.tenant,
             )
         except ValueError as exc:
             self.metrics.requests.labels("rejected").inc()
             job.emit("error", (400, str(exc)))
             return
-        except Exception as exc:
-            log.exception("prefill failed for %s", job.id)
-            self.metrics.requests.labels("failed").inc()
-            job.emit("error", (500, f"the request failed: {exc}"))
-            return
-        self._running.append(job)
-        self._publish(job)  # the first token came with the prefill
+        self._prefilling.append(job)
+
+    def _prefill(self) -> None:
+        """Feed prefilling requests up to `prefill_chunk` prompt tokens (None: whole prompts),
+        the shortest remaining first; a request whose prompt is in starts running."""
+        budget = self.prefill_chunk
+
+        def left(job: Job) -> int:
+            return job.req.n_prompt - job.req.prefilled
+
+        for job in sorted(self._prefilling, key=left):
+            if budget is not None and budget < 1:
+                break
+            n = left(job) if budget is None else min(budget, left(job))
+            try:
+                done = self.engine.prefill(job.req, n, tenant=job.tenant)
+            except Exception as exc:
+                log.exception("prefill failed for %s", job.id)
+                self._prefilling.remove(job)
+                self.metrics.requests.labels("failed").inc()
+                job.emit("error", (500, f"the request failed: {exc}"))
+                continue
+            budget = None if budget is None else budget - n
+            if done:
+                self._prefilling.remove(job)
+                self._running.append(job)
+                self._publish(job)  # the first token came with the prefill
 
     def _round(self) -> None:
         batch = list(self._running)
@@ -200,9 +235,10 @@ class Scheduler:
             self._end(job, "ok")
 
     def _end(self, job: Job, status: str, error: tuple[int, str] | None = None) -> None:
-        """Finish a running request: release its caches, tell its client."""
-        if job in self._running:
-            self._running.remove(job)
+        """Finish a running (or prefilling) request: release its caches, tell its client."""
+        for jobs in (self._running, self._prefilling):
+            if job in jobs:
+                jobs.remove(job)
         result: GenerationResult = self.engine.finish(job.req)
         self.metrics.requests.labels(status).inc()
         self.metrics.running.set(len(self._running))
