@@ -579,3 +579,18 @@ def test_sigterm_lets_the_requests_in_flight_finish(smollm2_path, tmp_path):
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_the_ttft_script_measures_a_short_request_behind_a_long_one(server):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "ttft_behind_long.py"
+    args = ["--url", server[0], "--long-words", "150", "--after", "0.05", "--trials", "1"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("short alone ") and "behind a 150-word prompt" in done.stdout
+
