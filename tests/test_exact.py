@@ -131,6 +131,8 @@ def test_exact_gguf_targets_run_on_ik_llama_where_it_can_else_on_mainline(
     from specwise.backends import _exact_gguf
 
     assert _exact_gguf(smollm2_path, "llama_cpp", 1) == "llama_cpp"  # asked for
+    target, _ = load_pair(smollm2_path, backend="llama_cpp", max_sequences=2, exact=True)
+    assert target.exact and target.info.exact and target.info.backend == "llama_cpp"
     monkeypatch.setattr(ik_llama, "available", lambda: False)
     assert _exact_gguf(smollm2_path, "auto", 1) == "llama_cpp"
     assert "--exact runs on llama_cpp, a forward a token" in capsys.readouterr().err

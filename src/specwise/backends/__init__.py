@@ -131,4 +131,4 @@ def _open(
         )
     from specwise.backends.llama_cpp import LlamaCppLM
 
-    return LlamaCppLM(path, threads=threads, max_sequences=max_sequences)
+    return LlamaCppLM(path, threads=threads, max_sequences=max_sequences, exact=exact)
