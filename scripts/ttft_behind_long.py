@@ -7,12 +7,12 @@ Usage: python scripts/ttft_behind_long.py --url http://127.0.0.1:8000 [--long-wo
 """
 
 import argparse
-import json
 import statistics
 import threading
 import time
+from pathlib import Path
 
-import httpx
+from specwise.bench.load import LoadOptions, one_request, server_client
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--url", required=True)
@@ -20,27 +20,17 @@ p.add_argument("--long-words", type=int, default=1500, help="words of the long p
 p.add_argument("--after", type=float, default=1.0, help="seconds between the two (1)")
 p.add_argument("--trials", type=int, default=3)
 a = p.parse_args()
-api = a.url.rstrip("/").removesuffix("/v1") + "/v1"
+opts = LoadOptions({"": a.url}, [1], [], [None], Path("."), max_tokens=8)
 SHORT = "Explain what a mutex is in one sentence."
 WORDS = "the river carried small boats past old mills while people on the bank talked about"
 
 
 def ttft(content: str, out: dict, key: str) -> None:
-    body = {
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 8,
-        "temperature": 0,
-        "stream": True,
-    }
-    t0 = time.perf_counter()
-    with httpx.stream("POST", api + "/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                if any((c.get("delta") or {}).get("content") for c in chunk["choices"]):
-                    out[key] = time.perf_counter() - t0
-                    return
+    with server_client(a.url, opts) as client:
+        r = one_request(client, opts, content, None)
+    if "error" in r:
+        raise SystemExit(f"the request failed: {r['error']}")
+    out[key] = r["ttft_s"]
 
 
 words = WORDS.split()

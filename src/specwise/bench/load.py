@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-__all__ = ["LoadOptions", "run_load", "run_soak"]
+__all__ = ["LoadOptions", "one_request", "run_load", "run_soak", "server_client"]
 
 
 @dataclass
@@ -81,7 +81,10 @@ class Setting:
         return f"{self.name} {k}" if self.name else k
 
 
-def _one(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
+def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
+    """One greedy chat request with `prompt` and `speculative.k` = k (None: not sent): its
+    times (TTFT when streaming: to the first content chunk), tokens and progress, or its
+    error."""
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": opts.max_tokens,
@@ -185,7 +188,7 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def _client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client:
+def server_client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client:
     """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health)."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     base = url.rstrip("/").removesuffix("/v1")
@@ -199,10 +202,12 @@ def _run(
 ) -> tuple[list[dict[str, Any]], float]:
     """One run of a level, with the prompts from `first` on (wrapping round): (per-request
     results, wall seconds)."""
-    with _client(setting.url, opts) as client, ThreadPoolExecutor(concurrency) as pool:
+    with server_client(setting.url, opts) as client, ThreadPoolExecutor(concurrency) as pool:
         picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
         t0 = time.perf_counter()
-        results = list(pool.map(lambda p: _one(client, opts, opts.prompts[p], setting.k), picks))
+        results = list(
+            pool.map(lambda p: one_request(client, opts, opts.prompts[p], setting.k), picks)
+        )
         wall = time.perf_counter() - t0
     for p, r in zip(picks, results, strict=True):  # which prompt; times from the run's start
         r["prompt"] = p
@@ -451,7 +456,7 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
     def work(client: httpx.Client, log) -> None:
         while time.perf_counter() - t0 < seconds:
             p = next(picks) % len(opts.prompts)
-            r = _one(client, opts, opts.prompts[p], setting.k)
+            r = one_request(client, opts, opts.prompts[p], setting.k)
             r.pop("progress", None)
             with lock:
                 counts["failed" if "error" in r else "answered"] += 1
@@ -467,8 +472,8 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
         samples.append({**row, "health": _health(root)})
 
     with (
-        _client(setting.url, opts) as client,
-        _client(setting.url, opts, api=False) as root,
+        server_client(setting.url, opts) as client,
+        server_client(setting.url, opts, api=False) as root,
         (opts.out / "requests.jsonl").open("w") as log,
         ThreadPoolExecutor(workers) as pool,
         tqdm(total=round(seconds), desc="soak", unit="s", file=sys.stderr) as bar,

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -177,15 +178,15 @@ class Scheduler:
     def _prefill(self) -> None:
         """Feed prefilling requests up to `prefill_chunk` prompt tokens (None: whole prompts),
         the shortest remaining first; a request whose prompt is in starts running."""
-        budget = self.prefill_chunk
+        budget = math.inf if self.prefill_chunk is None else self.prefill_chunk
 
         def left(job: Job) -> int:
             return job.req.n_prompt - job.req.prefilled
 
         for job in sorted(self._prefilling, key=left):
-            if budget is not None and budget < 1:
+            if budget < 1:
                 break
-            n = left(job) if budget is None else min(budget, left(job))
+            n = min(budget, left(job))
             try:
                 done = self.engine.prefill(job.req, n, tenant=job.tenant)
             except Exception as exc:
@@ -194,7 +195,7 @@ class Scheduler:
                 self.metrics.requests.labels("failed").inc()
                 job.emit("error", (500, f"the request failed: {exc}"))
                 continue
-            budget = None if budget is None else budget - n
+            budget -= n
             if done:
                 self._prefilling.remove(job)
                 self._running.append(job)
