@@ -6,6 +6,7 @@ import pytest
 
 from specwise.backends.llama_cpp import LlamaCppLM, equal_passes
 from specwise.costs import CostCurve, CostModel
+from toy import ToyLM
 
 
 def in_slots(*tokens):
@@ -74,3 +75,36 @@ def test_batched_costs_survive_a_save(tmp_path):
     back = CostModel.load(tmp_path / "c.json")
     assert back is not None and back.batched == {(2, 3): 25.0}
     assert back.target.ms == m.target.ms
+
+
+def test_interleaved_curves_take_turns_and_a_drifting_machine_falls_on_both(monkeypatch):
+    """Two LMs of the same cost on a machine slowing down call by call: measured interleaved
+    (each size on both in turn, who goes first alternating), their curves agree; the
+    calibration sequences are gone after."""
+    from specwise import costs
+    from specwise.backends.base import Reserved
+
+    clock = {"now": 0.0, "calls": 0}
+    order: list[tuple[str, int]] = []
+
+    class Timed(ToyLM):
+        def __init__(self, name):
+            super().__init__(context_length=64)
+            self.name = name
+
+        def forward(self, batch, last_only=False, rows=None, trees=None):
+            n = sum(len(t) for _, t in batch)
+            clock["calls"] += 1
+            clock["now"] += n * 0.010 * (1 + 0.05 * clock["calls"])  # 5% slower every call
+            order.append((self.name, n))
+            return super().forward(batch, last_only, rows, trees)
+
+    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock["now"])
+    lms = {"a": Timed("a"), "b": Timed("b")}
+    curves = costs.measure_curves(lms, sizes=[1, 4], repeats=3, context=32, plain_repeats=4)
+    timed = order[4:]  # after each LM's prefill and warm-up
+    assert [name for name, n in timed if n == 1] == list("abbaabbaabbaab")
+    assert [name for name, n in timed if n == 4] == list("abbaab")
+    for n in (1, 4):
+        assert curves["a"].ms[n] == pytest.approx(curves["b"].ms[n], rel=0.06)
+    assert all(lm.length(Reserved.CALIBRATION) == 0 for lm in lms.values())

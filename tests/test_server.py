@@ -593,4 +593,3 @@ def test_the_ttft_script_measures_a_short_request_behind_a_long_one(server):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("short alone ") and "behind a 150-word prompt" in done.stdout
-

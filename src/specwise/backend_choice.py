@@ -4,7 +4,8 @@ machine, measured here, once, and remembered.
 The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) and mainline
 llama.cpp (`LlamaCppLM`). Each loads the target and measures its cost curve (a forward of n
 tokens, n = 1..16, on a sequence holding `costs.CALIBRATION_CONTEXT` tokens, medians of
-repeats that alternate between the backends). The choice:
+repeats, each size measured on both backends in turn; the one-token forward PLAIN_REPEATS times
+more). The choice:
 
 - the plain step (n = 1) decides: it is what every round costs where no draft pays, so a
   backend with a slower plain step would make some workloads slower than the other's plain
@@ -14,7 +15,7 @@ repeats that alternate between the backends). The choice:
   α = SPEC_ALPHA (a typical n-gram acceptance).
 
 The verdict, both curves and the reason are cached in $SPECWISE_HOME/backends, keyed by
-machine, model files, threads and library; `specwise bench backend` shows them. A forced
+machine, model files, threads, library and METHOD; `specwise bench backend` shows them. A forced
 `--backend` never comes here. This module runs no round and sets no controller cost.
 """
 
@@ -23,21 +24,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.backends.base import LM
-from specwise.costs import CostCurve, machine, measure_curve
+from specwise.costs import CostCurve, machine, measure_curves
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
 
 SIZES = range(1, 17)
 REPEATS = 3
+PLAIN_REPEATS = 24  # one-token forwards more: the plain step decides, and is noisy
 PLAIN_TIE = 0.02  # plain steps this close are a tie, broken by what speculation gains
 SPEC_ALPHA = 0.7
 MAX_K = 8
+METHOD = 2  # how choices are measured; one cached by another method is measured again
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def _key(target: Path, threads: int | None) -> str:
         lib_id = ik_api.library_id()
     except ik_api.IkLibraryError:
         lib_id = "no-ik"
-    parts = [machine(), file_fingerprint(target), str(threads), lib_id]
+    parts = [machine(), file_fingerprint(target), str(threads), lib_id, f"method {METHOD}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -133,13 +135,6 @@ def open_backends(target: Path, threads: int | None, flash_attn: bool) -> dict[s
 
 
 def measure_backends(lms: dict[str, LM], repeats: int = REPEATS) -> dict[str, CostCurve]:
-    """Each backend's cost curve, the repeats alternating between them."""
-    samples: dict[str, dict[int, list[float]]] = {b: {} for b in lms}
-    for _ in range(repeats):
-        for b, lm in lms.items():
-            for n, ms in measure_curve(lm, sizes=SIZES, repeats=1).ms.items():
-                samples[b].setdefault(n, []).append(ms)
-    return {
-        b: CostCurve({n: float(statistics.median(v)) for n, v in by_n.items()})
-        for b, by_n in samples.items()
-    }
+    """Each backend's cost curve, their forwards interleaved (`costs.measure_curves`), the plain
+    step from PLAIN_REPEATS more."""
+    return measure_curves(lms, SIZES, repeats, plain_repeats=PLAIN_REPEATS)

@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +38,7 @@ __all__ = [
     "calibrated",
     "measure_costs",
     "measure_curve",
+    "measure_curves",
 ]
 
 EMA = 0.1  # weight of one new observation
@@ -92,27 +93,50 @@ def measure_curve(
     context: int = CALIBRATION_CONTEXT,
 ) -> CostCurve:
     """Median time of a forward of n tokens on a sequence already holding `context` tokens."""
+    return measure_curves({"lm": lm}, sizes, repeats, context)["lm"]
+
+
+def measure_curves(
+    lms: Mapping[str, LM],
+    sizes: Iterable[int] = range(1, 17),
+    repeats: int = 3,
+    context: int = CALIBRATION_CONTEXT,
+    plain_repeats: int = 0,
+) -> dict[str, CostCurve]:
+    """Each LM's `measure_curve`, their forwards interleaved: every size is measured on each LM
+    in turn (who goes first alternates), so a drift of the machine's speed falls on all alike.
+    plain_repeats: one-token forwards added at the end, interleaved the same way (a plain
+    step is the cost most compared)."""
     sizes = list(sizes)
-    context = max(1, min(context, lm.context_length - max(sizes) - 4))
     rng = np.random.default_rng(0)
-    hi = min(lm.vocab_size, 1000)
-    ctx = [int(t) for t in rng.integers(10, hi, size=context)]
-    feed = [int(t) for t in rng.integers(10, hi, size=max(sizes))]
-    lm.release(Reserved.CALIBRATION)
+    held: dict[str, int] = {}  # the context each sequence holds
+    feeds: dict[str, list[int]] = {}
+    samples: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in lms}
     try:
-        lm.forward([(Reserved.CALIBRATION, ctx)], last_only=True)
-        lm.forward([(Reserved.CALIBRATION, feed[:4])])  # warm-up
-        lm.truncate(Reserved.CALIBRATION, context)
-        samples: dict[int, list[float]] = {n: [] for n in sizes}
-        for _ in range(repeats):
-            for n in sizes:
+        for name, lm in lms.items():
+            held[name] = max(1, min(context, lm.context_length - max(sizes) - 4))
+            hi = min(lm.vocab_size, 1000)
+            tokens = [int(t) for t in rng.integers(10, hi, size=held[name] + max(sizes))]
+            feeds[name] = tokens[held[name] :]
+            lm.release(Reserved.CALIBRATION)
+            lm.forward([(Reserved.CALIBRATION, tokens[: held[name]])], last_only=True)
+            lm.forward([(Reserved.CALIBRATION, feeds[name][:4])])  # warm-up
+            lm.truncate(Reserved.CALIBRATION, held[name])
+        first = next(iter(lms))
+        for n in [*sizes * repeats, *[1] * plain_repeats]:
+            turn = len(samples[first].get(n, ())) % 2  # who goes first alternates per size
+            for name in list(lms) if turn == 0 else list(reversed(lms)):
                 t = time.perf_counter()
-                lm.forward([(Reserved.CALIBRATION, feed[:n])])
-                samples[n].append((time.perf_counter() - t) * 1000.0)
-                lm.truncate(Reserved.CALIBRATION, context)
+                lms[name].forward([(Reserved.CALIBRATION, feeds[name][:n])])
+                samples[name].setdefault(n, []).append((time.perf_counter() - t) * 1000.0)
+                lms[name].truncate(Reserved.CALIBRATION, held[name])
     finally:
-        lm.release(Reserved.CALIBRATION)
-    return CostCurve({n: float(np.median(v)) for n, v in samples.items()})
+        for lm in lms.values():
+            lm.release(Reserved.CALIBRATION)
+    return {
+        name: CostCurve({n: float(np.median(v)) for n, v in by_n.items()})
+        for name, by_n in samples.items()
+    }
 
 
 def machine() -> str:
