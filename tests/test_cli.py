@@ -96,3 +96,19 @@ def test_prompt_longer_than_context(smollm2_path, capsys):
         main(["generate", "--target", str(smollm2_path), "--max-tokens", "2", "word " * 5000]) == 2
     )
     assert "context holds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rate", "0.5", "--concurrency", "2", "--stream"], "--rate (an open loop) and"),
+        (["--rate", "0.5"], "--rate measures TTFT and the SLO, which need --stream"),
+        (["--rate", "0,1", "--stream"], "--rate [0.0, 1.0] is invalid"),
+        (["--slo-target", "1.5"], "--slo-target 1.5 is invalid"),
+        (["--rate", "1", "--stream", "--soak", "60"], "give no --rate with it"),
+    ],
+)
+def test_bad_load_options_are_one_sentence_before_any_request(capsys, args, message):
+    assert main(["bench", "load", "--url", "http://127.0.0.1:9", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -1,11 +1,22 @@
 """`bench load`'s arithmetic on made-up request timelines: steady throughput counts only the
-time in which every worker had a request in flight."""
+time in which every worker had a request in flight; the SLO and where it breaks; the open
+loop's arrival times."""
 
 from __future__ import annotations
 
 import pytest
 
-from specwise.bench.load import _progress, _steady, _tokens_by
+from specwise.bench import load
+from specwise.bench.load import (
+    Level,
+    LoadOptions,
+    Setting,
+    Slo,
+    _progress,
+    _steady,
+    _tokens_by,
+    slo_breaks,
+)
 
 
 def request(sent: float, progress: list[tuple[float, float]]) -> dict:
@@ -74,3 +85,64 @@ def test_servers_are_named_by_the_user_or_by_host_and_port():
         "mainline": "http://h:2/v1",
     }
     assert _servers("http://h:1,http://h:2") == {"h:1": "http://h:1", "h:2": "http://h:2"}
+
+
+def test_a_request_meets_the_slo_only_with_its_first_token_and_pace_in_time():
+    slo = Slo(ttft_s=2.0, tpot_s=0.2)
+    assert slo.met({"ttft_s": 1.9, "tpot_s": 0.2})
+    assert slo.met({"ttft_s": 0.5, "tpot_s": None})  # one token: no pace to meet
+    assert not slo.met({"ttft_s": 2.1, "tpot_s": 0.1})
+    assert not slo.met({"ttft_s": 0.5, "tpot_s": 0.21})
+    assert not slo.met({"ttft_s": None, "tpot_s": None})  # not streamed: no TTFT
+    assert not slo.met({"error": "HTTP 429", "latency_s": 0.1})
+
+
+def test_the_slo_breaks_at_the_first_rate_that_misses_its_target():
+    def lv(setting, rate, met):
+        return {"setting": setting, "rate": rate, "slo_met": met}
+
+    levels = [
+        lv("k=auto", 0.1, 1.0),
+        lv("k=0", 0.1, 1.0),
+        lv("k=auto", 0.4, 0.95),
+        lv("k=0", 0.4, 0.5),
+        lv("k=auto", 0.2, 0.9),  # the order run does not matter; a share at the target holds
+        lv("k=0", 0.2, 0.8),
+        lv("k=auto", 0.8, 1.0),  # held again after a miss: the SLO broke below
+    ]
+    assert slo_breaks(levels, Slo(target=0.9)) == [
+        {"setting": "k=auto", "holds_up_to": 0.8, "breaks_at": None},
+        {"setting": "k=0", "holds_up_to": 0.1, "breaks_at": 0.2},
+    ]
+    assert slo_breaks([lv("x", 1.0, 0.0)], Slo())[0] == {
+        "setting": "x",
+        "holds_up_to": None,
+        "breaks_at": 1.0,
+    }
+
+
+def test_an_open_loop_sends_at_poisson_arrival_times_the_same_for_every_setting(monkeypatch):
+    """Requests go at their arrival times whatever earlier ones do (here each takes 0.2 s,
+    longer than the gaps); a round's arrivals are the same for every setting, and differ
+    between rounds."""
+    sent: list[float] = []
+
+    def one_request(client, opts, prompt, k):
+        sent.append(load.time.perf_counter())
+        load.time.sleep(0.2)
+        return {"sent": sent[-1], "first": None, "end": sent[-1] + 0.2, "latency_s": 0.2}
+
+    monkeypatch.setattr(load, "one_request", one_request)
+    opts = LoadOptions({"": "http://127.0.0.1:9"}, [1], ["a", "b"], [0], None, requests=6)
+    level = Level(rate=20.0)
+    runs = {}
+    for name, k, round_ in (("a", 0, 0), ("b", "auto", 0), ("c", 0, 1)):
+        sent.clear()
+        results, wall = load._run(opts, level, Setting("http://127.0.0.1:9", k), 0, round_)
+        runs[name] = [r["arrival"] for r in results]
+        gaps = [s - sent[0] for s in sorted(sent)]
+        assert gaps == pytest.approx([a - runs[name][0] for a in runs[name]], abs=0.03)
+        assert wall >= runs[name][-1] + 0.2
+    assert runs["a"] == runs["b"] != runs["c"]
+    assert runs["a"] == sorted(runs["a"]) and runs["a"][0] > 0
+    assert runs["a"][-1] < 1.5  # 6 gaps of mean 0.05 s: fewer in flight would have taken 1.2 s

@@ -427,12 +427,43 @@ def test_load_generator_against_the_server(server, tmp_path, capsys):
     }
     out = capsys.readouterr().out
     ratios = json.loads(out.strip().splitlines()[-1])["ratios"]
-    assert [(q["concurrency"], q["setting"], q["vs"], len(q["by_round"])) for q in ratios] == [
-        (1, "k=auto", "k=0", 2),
-        (2, "k=auto", "k=0", 2),
+    assert [(q["level"], q["setting"], q["vs"], len(q["by_round"])) for q in ratios] == [
+        ("1", "k=auto", "k=0", 2),
+        ("2", "k=auto", "k=0", 2),
     ]
     assert "concurrency   1: k=auto / k=0 = " in out
     assert (tmp_path / "load" / "throughput.png").exists()
+
+
+def test_an_open_loop_run_reports_the_slo_and_where_it_breaks(server, tmp_path, capsys):
+    from specwise.bench.load import LoadOptions, Slo, run_load
+
+    opts = LoadOptions(
+        urls={"": server[0]},
+        concurrency=[],
+        requests=3,
+        prompts=PROMPTS,
+        max_tokens=6,
+        ks=[0],
+        out=tmp_path / "open",
+        rates=[1.0, 1000.0],
+        slo=Slo(ttft_s=60.0, tpot_s=60.0),  # met by any answer: the arithmetic is tested apart
+    )
+    levels = run_load(opts)
+    assert [(lv["level"], lv["rate"], lv["concurrency"]) for lv in levels] == [
+        ("1/s", 1.0, None),
+        ("1000/s", 1000.0, None),
+    ]
+    assert all(lv["errors"] == 0 and lv["slo_met"] == 1.0 for lv in levels)
+    assert all(lv["goodput_requests_per_s"] == 3 / lv["wall_s"] for lv in levels)
+    assert all(lv["steady_tokens_per_s"] is None for lv in levels)  # a closed-loop figure
+    rows = [json.loads(x) for x in (tmp_path / "open" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["sent"] >= r["arrival"] - 0.01 for r in rows)
+    assert max(r["arrival"] for r in rows if r["rate"] == 1.0) > 0.1  # spread out in time
+    out = capsys.readouterr().out
+    assert "k=0: SLO held at every rate run (up to 1000/s)" in out
+    assert json.loads(out.strip().splitlines()[-1])["slo_breaks"][0]["breaks_at"] is None
+    assert (tmp_path / "open" / "goodput.png").exists()
 
 
 def test_a_load_run_compares_servers_side_by_side(server, tmp_path, capsys):

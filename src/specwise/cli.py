@@ -242,7 +242,7 @@ def _servers(value: str) -> dict[str, str]:
 def _bench_load(a: argparse.Namespace) -> int:
     import os
 
-    from specwise.bench.load import LoadOptions, run_load, run_soak
+    from specwise.bench.load import LoadOptions, Slo, run_load, run_soak
     from specwise.bench.session import default_out
     from specwise.bench.workloads import builtin, interleaved, load_jsonl
 
@@ -250,14 +250,26 @@ def _bench_load(a: argparse.Namespace) -> int:
         raise UsageError(f"--requests {a.requests} is invalid; use an integer >= 1")
     if a.rounds < 1:
         raise UsageError(f"--rounds {a.rounds} is invalid; use an integer >= 1")
-    if not a.concurrency or min(a.concurrency) < 1:
+    if a.rate is not None and a.concurrency is not None:
+        raise UsageError("--rate (an open loop) and --concurrency (a closed one): give one")
+    concurrency = [1, 2, 4, 8] if a.concurrency is None else a.concurrency
+    if not concurrency or min(concurrency) < 1:
         raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4,8")
+    if a.rate is not None and (not a.rate or min(a.rate) <= 0):
+        raise UsageError(f"--rate {a.rate} is invalid; use requests per second > 0, e.g. 0.1,0.2")
+    if a.rate is not None and not a.stream:
+        raise UsageError("--rate measures TTFT and the SLO, which need --stream")
+    if not (a.slo_ttft > 0 and a.slo_tpot > 0 and 0 < a.slo_target <= 1):
+        raise UsageError(
+            f"--slo-ttft {a.slo_ttft:g} / --slo-tpot {a.slo_tpot:g} / --slo-target "
+            f"{a.slo_target:g} is invalid; use seconds > 0 and a share in (0, 1]"
+        )
     urls = _servers(a.url)
     prompts = interleaved(load_jsonl(a.prompts) if a.prompts else builtin(a.categories))
     opts = LoadOptions(
         urls=urls,
         model=a.model,
-        concurrency=a.concurrency,
+        concurrency=concurrency,
         requests=a.requests,
         prompts=[p.turns[0] for p in prompts],
         stream=a.stream,
@@ -265,6 +277,9 @@ def _bench_load(a: argparse.Namespace) -> int:
         ks=a.k or [None],
         api_key=a.api_key or os.environ.get("SPECWISE_API_KEY"),
         rounds=a.rounds,
+        rates=a.rate or [],
+        slo=Slo(a.slo_ttft, a.slo_tpot, a.slo_target),
+        seed=a.seed,
         out=Path(a.out) if a.out else default_out("-load"),
     )
     if a.soak is None:
@@ -275,6 +290,8 @@ def _bench_load(a: argparse.Namespace) -> int:
             f"--soak {a.soak:g} / --sample-every {a.sample_every:g} is invalid; "
             "use seconds > 0, e.g. --soak 3600 --sample-every 60"
         )
+    if opts.rates:
+        raise UsageError("--soak keeps workers busy (a closed loop); give no --rate with it")
     if len(opts.concurrency) > 1 or len(opts.settings()) > 1:
         raise UsageError(
             "--soak keeps one level busy: give one --url, one --concurrency and at most one --k"
@@ -729,7 +746,33 @@ def build_parser() -> argparse.ArgumentParser:
         "NAME=URL,NAME=URL (the last server's last k is the baseline)",
     )
     bl.add_argument("--model", help="model name to send (default: none, the server's)")
-    bl.add_argument("--concurrency", type=_csv(int, "integers"), default=[1, 2, 4, 8])
+    bl.add_argument(
+        "--concurrency",
+        type=_csv(int, "integers"),
+        help="closed loop: requests in flight, one level each (default 1,2,4,8)",
+    )
+    bl.add_argument(
+        "--rate",
+        type=_csv(float, "numbers"),
+        help="open loop instead of --concurrency: Poisson arrivals at each of these rates "
+        "(requests/s), e.g. 0.1,0.2,0.4; needs --stream",
+    )
+    bl.add_argument("--seed", type=int, default=0, help="of the open loop's arrival times (0)")
+    bl.add_argument(
+        "--slo-ttft", type=float, default=2.0, help="SLO: seconds to the first token (2)"
+    )
+    bl.add_argument(
+        "--slo-tpot",
+        type=float,
+        default=0.2,
+        help="SLO: seconds per output token after the first, on average (0.2)",
+    )
+    bl.add_argument(
+        "--slo-target",
+        type=float,
+        default=0.9,
+        help="share of a level's requests that must meet the SLO for it to hold (0.9)",
+    )
     bl.add_argument("--requests", type=int, default=16, help="requests per level and round")
     bl.add_argument(
         "--rounds",

@@ -23,6 +23,14 @@ turn, so that any N of them mix the categories. With several settings, each is c
 the last one (e.g. `--k auto,0`: auto / 0) level by level. Several servers (e.g. one per
 backend) make settings together with the k values: server by server, every k; each level runs
 them all side by side, and the last (e.g. the mainline server's k=0) is the baseline.
+Open loop (`rates`): a level is instead an arrival rate: requests arrive at the times of a
+Poisson process (exponential gaps, seeded by the round, the same for every setting of the
+round) whether or not earlier ones have finished, as users do; a closed loop slows its own
+arrivals when the server slows, which flatters a slow setting. Every streaming level also
+measures a service-level objective (`Slo`: TTFT and time per output token after the first):
+the share of requests that met it (a failed request did not) and the goodput, requests that
+met it per second of the level; per setting, the highest rate whose share still reached the
+objective's target and the first that did not (where the SLO breaks).
 A soak (`run_soak`) instead keeps one level busy for a given time and samples the server's
 /health as it goes (does its memory stay bounded?).
 Talks HTTP only; it knows nothing of specwise's internals.
@@ -37,14 +45,43 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
-__all__ = ["LoadOptions", "one_request", "run_load", "run_soak", "server_client"]
+__all__ = ["Level", "LoadOptions", "Slo", "one_request", "run_load", "run_soak", "server_client"]
+
+
+@dataclass(frozen=True)
+class Slo:
+    """What a request must meet to count as served well: its first token within `ttft_s`, the
+    rest at most `tpot_s` apart on average; a level holds the SLO while at least `target` of
+    its requests meet it."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.2
+    target: float = 0.9
+
+    def met(self, r: dict[str, Any]) -> bool:
+        if "error" in r or r.get("ttft_s") is None or r["ttft_s"] > self.ttft_s:
+            return False
+        return r.get("tpot_s") is None or r["tpot_s"] <= self.tpot_s
+
+
+@dataclass(frozen=True)
+class Level:
+    """A closed-loop level (`concurrency` workers, each sending its next request when its last
+    ends) or an open-loop one (Poisson arrivals at `rate` requests per second)."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:g}/s" if self.rate is not None else str(self.concurrency)
 
 
 @dataclass
@@ -61,6 +98,14 @@ class LoadOptions:
     api_key: str | None = None
     timeout_s: float = 600.0
     rounds: int = 1
+    rates: list[float] = field(default_factory=list)  # open loop when given (requests/s)
+    slo: Slo = field(default_factory=Slo)
+    seed: int = 0  # of the open loop's arrival times
+
+    def levels(self) -> list[Level]:
+        if self.rates:
+            return [Level(rate=r) for r in self.rates]
+        return [Level(concurrency=c) for c in self.concurrency]
 
     def settings(self) -> list[Setting]:
         """Every server with every k, in that order."""
@@ -136,6 +181,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
         "latency_s": end - t0,
         "tokens": tokens,
         "ttft_s": None,
+        "tpot_s": None,
         "continuation_tps": None,
         "progress": _progress(timeline, tokens, end) if opts.stream else None,
     }
@@ -143,6 +189,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
         out["ttft_s"] = first - t0
         if tokens > 1 and end > first:
             out["continuation_tps"] = (tokens - 1) / (end - first)
+            out["tpot_s"] = (end - first) / (tokens - 1)
     return out
 
 
@@ -198,19 +245,30 @@ def server_client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client
 
 
 def _run(
-    opts: LoadOptions, concurrency: int, setting: Setting, first: int = 0
+    opts: LoadOptions, level: Level, setting: Setting, first: int = 0, round_: int = 0
 ) -> tuple[list[dict[str, Any]], float]:
     """One run of a level, with the prompts from `first` on (wrapping round): (per-request
-    results, wall seconds)."""
-    with server_client(setting.url, opts) as client, ThreadPoolExecutor(concurrency) as pool:
-        picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
+    results, wall seconds). Open loop: request i is sent at its arrival time (`arrival`, from
+    the run's start), on a thread of its own."""
+    picks = [(first + i) % len(opts.prompts) for i in range(opts.requests)]
+    arrivals = [0.0] * len(picks)
+    if level.rate is not None:
+        rng = np.random.default_rng([opts.seed, round_])
+        arrivals = np.cumsum(rng.exponential(1.0 / level.rate, size=len(picks))).tolist()
+    workers = len(picks) if level.rate is not None else level.concurrency
+    with server_client(setting.url, opts) as client, ThreadPoolExecutor(workers) as pool:
         t0 = time.perf_counter()
-        results = list(
-            pool.map(lambda p: one_request(client, opts, opts.prompts[p], setting.k), picks)
-        )
+
+        def send(i: int) -> dict[str, Any]:
+            time.sleep(max(0.0, t0 + arrivals[i] - time.perf_counter()))
+            return one_request(client, opts, opts.prompts[picks[i]], setting.k)
+
+        results = list(pool.map(send, range(len(picks))))
         wall = time.perf_counter() - t0
-    for p, r in zip(picks, results, strict=True):  # which prompt; times from the run's start
+    for p, at, r in zip(picks, arrivals, results, strict=True):  # times from the run's start
         r["prompt"] = p
+        if level.rate is not None:
+            r["arrival"] = at
         for key in ("sent", "first", "end"):
             if r.get(key) is not None:
                 r[key] -= t0
@@ -220,23 +278,33 @@ def _run(
 
 
 def _level(
-    concurrency: int, setting: Setting, runs: list[tuple[list[dict[str, Any]], float]]
+    level: Level,
+    setting: Setting,
+    runs: list[tuple[list[dict[str, Any]], float]],
+    slo: Slo,
+    stream: bool,
 ) -> dict:
     """A level's statistics over its runs."""
     results = [r for rs, _ in runs for r in rs]
     ok = [r for r in results if "error" not in r]
     lat = [r["latency_s"] for r in ok]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
     cont = [r["continuation_tps"] for r in ok if r["continuation_tps"] is not None]
     wall = sum(w for _, w in runs)
-    steady = [_steady(rs, concurrency) for rs, _ in runs]
+    steady = (
+        [None] if level.concurrency is None else [_steady(rs, level.concurrency) for rs, _ in runs]
+    )
     if None in steady:
         steady_tps, steady_by_round = None, None
     else:
         steady_tps = sum(n for n, _ in steady) / sum(t for _, t in steady)
         steady_by_round = [n / t for n, t in steady]
+    met = [r for r in results if slo.met(r)] if stream else None
     return {
-        "concurrency": concurrency,
+        "level": level.label,
+        "concurrency": level.concurrency,
+        "rate": level.rate,
         "setting": setting.label,
         "server": setting.name,
         "k": setting.k,
@@ -251,9 +319,30 @@ def _level(
         "steady_by_round": steady_by_round,
         "latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99)},
         "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
+        "tpot_s": {"p50": _pct(tpot, 50), "p90": _pct(tpot, 90), "p99": _pct(tpot, 99)},
         "continuation_tokens_per_s": {"p50": _pct(cont, 50), "p10": _pct(cont, 10)},
+        "slo_met": None if met is None else len(met) / len(results),
+        "goodput_requests_per_s": None if met is None else len(met) / wall,
+        "goodput_tokens_per_s": None if met is None else sum(r["tokens"] for r in met) / wall,
         "wall_s": wall,
     }
+
+
+def slo_breaks(levels: list[dict], slo: Slo) -> list[dict]:
+    """Per setting of an open-loop run: the highest rate (of those run, in order) up to which
+    every level met the SLO's target share, and the first rate at which one did not (None:
+    held at every rate run)."""
+    out = []
+    for setting in dict.fromkeys(lv["setting"] for lv in levels):
+        held = breaks = None
+        for lv in sorted((x for x in levels if x["setting"] == setting), key=lambda x: x["rate"]):
+            if lv["slo_met"] is not None and lv["slo_met"] >= slo.target:
+                held = lv["rate"]
+                continue
+            breaks = lv["rate"]
+            break
+        out.append({"setting": setting, "holds_up_to": held, "breaks_at": breaks})
+    return out
 
 
 def _over(xs: list[float], ys: list[float]) -> list[float]:
@@ -264,8 +353,8 @@ def _over(xs: list[float], ys: list[float]) -> list[float]:
 def _ratios(levels: list[dict]) -> list[dict]:
     """Each setting's throughput over the last setting's, level by level: pooled and by round."""
     out = []
-    for c in dict.fromkeys(lv["concurrency"] for lv in levels):
-        at = [lv for lv in levels if lv["concurrency"] == c]
+    for c in dict.fromkeys(lv["level"] for lv in levels):
+        at = [lv for lv in levels if lv["level"] == c]
         base = at[-1]
         for lv in at[:-1]:
             by_round = _over(lv["throughput_by_round"], base["throughput_by_round"])
@@ -274,15 +363,19 @@ def _ratios(levels: list[dict]) -> list[dict]:
             if lv["steady_tokens_per_s"] and base["steady_tokens_per_s"]:
                 steady = lv["steady_tokens_per_s"] / base["steady_tokens_per_s"]
                 steady_by_round = _over(lv["steady_by_round"], base["steady_by_round"])
+            goodput = None
+            if lv["goodput_tokens_per_s"] is not None and base["goodput_tokens_per_s"]:
+                goodput = lv["goodput_tokens_per_s"] / base["goodput_tokens_per_s"]
             out.append(
                 {
-                    "concurrency": c,
+                    "level": c,
                     "setting": lv["setting"],
                     "vs": base["setting"],
                     "pooled": pooled,
                     "by_round": by_round,
                     "steady": steady,
                     "steady_by_round": steady_by_round,
+                    "goodput": goodput,
                 }
             )
     return out
@@ -294,30 +387,29 @@ def _plots(levels: list[dict], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    open_loop = levels[0]["rate"] is not None
+    x_key = "rate" if open_loop else "concurrency"
     paths = []
     for key, ylabel, fname in (
         ("throughput_tokens_per_s", "aggregate tokens/s", "throughput.png"),
         ("latency_s", "p50 latency (s)", "latency.png"),
         ("ttft_s", "p50 TTFT (s)", "ttft.png"),
+        ("goodput_requests_per_s", "goodput (requests meeting the SLO / s)", "goodput.png"),
     ):
         fig, ax = plt.subplots(figsize=(6, 3.8))
         for label in dict.fromkeys(lv["setting"] for lv in levels):
             pts = [
-                (lv["concurrency"], lv[key] if key == "throughput_tokens_per_s" else lv[key]["p50"])
+                (lv[x_key], lv[key]["p50"] if isinstance(lv[key], dict) else lv[key])
                 for lv in levels
                 if lv["setting"] == label
             ]
             pts = [p for p in pts if p[1] is not None]
             if pts:
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    marker="o",
-                    label=label,
-                )
-        ax.set_xlabel("concurrent requests")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xlabel("arrivals per second (Poisson)" if open_loop else "concurrent requests")
         ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
+        if not open_loop:
+            ax.set_xscale("log", base=2)
         if ax.lines:  # none where nothing was measured (TTFT without --stream)
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -331,66 +423,101 @@ def _fmt(x, spec=".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _table(opts: LoadOptions, levels: list[dict], ratios: list[dict]) -> list[str]:
+    """The report's lines: a row per level and setting, the ratios to the baseline, and for an
+    open loop where the SLO breaks."""
+    width = max(len(lv["setting"]) for lv in levels)
+    slo = opts.slo
+    lines = [
+        f"{'rate' if opts.rates else 'conc':>6} {'setting':>{width}} {'tok/s':>8} {'steady':>8} "
+        f"{'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'TTFT p50':>8} {'TTFT p90':>8} "
+        f"{'TPOT p50':>8} {'SLO met':>7} {'goodput':>7} {'errors':>6}"
+    ]
+    for lv in levels:
+        met = "-" if lv["slo_met"] is None else f"{100 * lv['slo_met']:.0f}%"
+        lines.append(
+            f"{lv['level']:>6} {lv['setting']:>{width}} "
+            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['steady_tokens_per_s']):>8} "
+            f"{_fmt(lv['latency_s']['p50']):>7} "
+            f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
+            f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['ttft_s']['p90']):>8} "
+            f"{_fmt(lv['tpot_s']['p50'], '.3f'):>8} {met:>7} "
+            f"{_fmt(lv['goodput_requests_per_s'], '.3f'):>7} {lv['errors']:>6}"
+        )
+    if opts.stream:
+        lines += [
+            "",
+            f"SLO: TTFT <= {slo.ttft_s:g} s and time per output token <= {slo.tpot_s:g} s; "
+            f"goodput: requests meeting it per second; a level holds it with >= "
+            f"{100 * slo.target:.0f}% met",
+        ]
+    if ratios:
+        lines += ["", f"throughput ratios ({opts.rounds} round(s) a level, pooled; by round)"]
+    for q in ratios:
+        rounds = ", ".join(f"{x:.2f}" for x in q["by_round"])
+        name = f"rate {q['level']}" if opts.rates else f"concurrency {q['level']:>3}"
+        line = f"{name}: {q['setting']} / {q['vs']} = {q['pooled']:.3f} ({rounds})"
+        if q["steady"] is not None:
+            rounds = ", ".join(f"{x:.2f}" for x in q["steady_by_round"])
+            line += f"; steady {q['steady']:.3f} ({rounds})"
+        if q["goodput"] is not None:
+            line += f"; goodput (tokens of requests meeting the SLO) {q['goodput']:.3f}"
+        lines.append(line)
+    if opts.rates and opts.stream:
+        lines.append("")
+        for b in slo_breaks(levels, slo):
+            held, breaks = b["holds_up_to"], b["breaks_at"]
+            if breaks is None:
+                lines.append(f"{b['setting']}: SLO held at every rate run (up to {held:g}/s)")
+            elif held is None:
+                lines.append(f"{b['setting']}: SLO broken already at {breaks:g}/s")
+            else:
+                lines.append(f"{b['setting']}: SLO held up to {held:g}/s; breaks at {breaks:g}/s")
+    return lines
+
+
 def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     from tqdm import tqdm
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
     settings = opts.settings()
-    runs: dict[tuple[int, Setting], list] = {(c, x): [] for c in opts.concurrency for x in settings}
+    runs: dict[tuple[Level, Setting], list] = {
+        (lv, x): [] for lv in opts.levels() for x in settings
+    }
     with (
         tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar,
         (opts.out / "requests.jsonl").open("w") as log,
     ):
-        for c in opts.concurrency:
+        for level in opts.levels():
             for i in range(opts.rounds):
                 for x in settings if i % 2 == 0 else settings[::-1]:
-                    bar.set_postfix_str(f"concurrency {c} {x.label} round {i + 1}")
-                    results, wall = _run(opts, c, x, first=i * opts.requests)
-                    runs[(c, x)].append((results, wall))
+                    name = "rate" if level.rate is not None else "concurrency"
+                    bar.set_postfix_str(f"{name} {level.label} {x.label} round {i + 1}")
+                    results, wall = _run(opts, level, x, first=i * opts.requests, round_=i)
+                    runs[(level, x)].append((results, wall))
                     for j, r in enumerate(results):
-                        row = {"concurrency": c, "server": x.name, "k": x.k, "round": i + 1}
+                        row = {"level": level.label, "concurrency": level.concurrency}
+                        row |= {"rate": level.rate, "server": x.name, "k": x.k, "round": i + 1}
                         row = {**row, "request": j, **r}
                         log.write(json.dumps(row, separators=(",", ":")) + "\n")
                     log.flush()
                     bar.update(1)
-    levels = [_level(c, x, rs) for (c, x), rs in runs.items()]
+    levels = [_level(lv, x, rs, opts.slo, opts.stream) for (lv, x), rs in runs.items()]
     ratios = _ratios(levels)
-    width = max(len(x.label) for x in settings)
-    lines = [
-        f"{'conc':>4} {'setting':>{width}} {'tok/s':>8} {'steady':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} "
-        f"{'TTFT p50':>8} {'cont. tok/s p50':>15} {'errors':>6}"
-    ]
-    for lv in levels:
-        lines.append(
-            f"{lv['concurrency']:>4} {lv['setting']:>{width}} "
-            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['steady_tokens_per_s']):>8} "
-            f"{_fmt(lv['latency_s']['p50']):>7} "
-            f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
-            f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['continuation_tokens_per_s']['p50']):>15} "
-            f"{lv['errors']:>6}"
-        )
-    if ratios:
-        lines += ["", f"throughput ratios ({opts.rounds} round(s) a level, pooled; by round)"]
-    for q in ratios:
-        rounds = ", ".join(f"{x:.2f}" for x in q["by_round"])
-        line = (
-            f"concurrency {q['concurrency']:>3}: {q['setting']} / {q['vs']} = {q['pooled']:.3f}"
-            f" ({rounds})"
-        )
-        if q["steady"] is not None:
-            rounds = ", ".join(f"{x:.2f}" for x in q["steady_by_round"])
-            line += f"; steady {q['steady']:.3f} ({rounds})"
-        lines.append(line)
-    table = "\n".join(lines)
+    table = "\n".join(_table(opts, levels, ratios))
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
         "urls": opts.urls,
         "max_tokens": opts.max_tokens,
         "stream": opts.stream,
         "rounds": opts.rounds,
+        "open_loop": bool(opts.rates),
+        "seed": opts.seed,
+        "slo": {"ttft_s": opts.slo.ttft_s, "tpot_s": opts.slo.tpot_s, "target": opts.slo.target},
         "levels": levels,
         "ratios": ratios,
+        "slo_breaks": slo_breaks(levels, opts.slo) if opts.rates and opts.stream else None,
     }
     (opts.out / "load.json").write_text(json.dumps(result, indent=1))
     (opts.out / "report.md").write_text(
