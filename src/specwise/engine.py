@@ -43,7 +43,7 @@ from specwise.controller import Batch, Controller, Offered, Plan
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
 from specwise.request import GenerationResult, Request
-from specwise.sampling import LazyRows, Sampler, SamplingParams
+from specwise.sampling import LazyRows, Sampler, SamplingParams, token_logprobs
 from specwise.trace import JsonlSink, RoundTrace, summarize
 from specwise.verify import (
     Verdict,
@@ -225,7 +225,8 @@ class Engine:
             if end < req.n_prompt:
                 return False
             verdict = self._verify(req, Draft([], None), last)
-            first = Proposal(None, Draft([], None), emitted=self._emit(req, verdict.tokens))
+            emitted = self._emit(req, verdict.tokens, last, [0])
+            first = Proposal(None, Draft([], None), emitted=emitted)
             req.clock = req.arrival + req.prefill_ms / _ms  # round 0's overhead: the rest
             self._record(req, first, verdict, 0.0, 0.0, 1)
             t2 = time.perf_counter()
@@ -272,6 +273,7 @@ class Engine:
             finish_reason=req.finish_reason,
             rounds=list(req.rounds),
             summary=summary,
+            logprobs=None if req.params.logprobs is None else list(req.logprobs),
         )
 
     def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenerationResult:
@@ -410,8 +412,8 @@ class Engine:
             for r, rng in zip(live, rngs, strict=True):
                 self._undo(r, rng)
             raise
-        for r, p, v in zip(live, props, verdicts, strict=True):  # 4. commit
-            p.emitted = self._commit(r, p, v)
+        for r, p, v, lg in zip(live, props, verdicts, logits, strict=True):  # 4. commit
+            p.emitted = self._commit(r, p, v, lg)
         t3 = time.perf_counter()
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         self._learn(props, verdicts, calls, planned, draft_ms, verify_ms, (t3 - t2) * _ms)
@@ -466,9 +468,10 @@ class Engine:
         rows = [1 + len(p.draft.tokens) for p in props] if width else None
         return calls, self.target.forward(calls, rows=rows, trees=trees)
 
-    def _commit(self, r: Request, p: Proposal, verdict: Verdict) -> int:
+    def _commit(self, r: Request, p: Proposal, verdict: Verdict, logits: np.ndarray) -> int:
         """Step 4 for one request: roll the target cache back to the committed tokens, tell
-        the drafter, emit; returns the tokens emitted."""
+        the drafter, emit (`logits`: the round's rows, for log-probabilities); returns the
+        tokens emitted."""
         if p.draft.parents is None:
             self.target.truncate(r.seq, len(r.context) + verdict.accepted)
         else:
@@ -478,7 +481,7 @@ class Engine:
             self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
             if self.controller is not None:
                 self.controller.observe(r.id, d.name, p.draft, verdict.accepted, verdict.path)
-        return self._emit(r, verdict.tokens)
+        return self._emit(r, verdict.tokens, logits, [0, *(i + 1 for i in verdict.path)])
 
     def _undo(self, r: Request, rng: dict) -> None:
         """Put a request back as it was before a round that failed: its target cache holds
@@ -608,8 +611,10 @@ class Engine:
             return tree_sample_and_match(d.tokens, d.parents, p, r.sampler)
         return rejection_sample(d.tokens, d.probs, p, r.sampler)
 
-    def _emit(self, r: Request, tokens: list[int]) -> int:
-        """Append tokens until EOS, a stop string, max_tokens or a full context; return how many."""
+    def _emit(self, r: Request, tokens: list[int], logits: np.ndarray, path: Sequence[int]) -> int:
+        """Append tokens until EOS, a stop string, max_tokens or a full context; return how
+        many. Token i came from row path[i] of `logits` (a chain's rows are in order: `path`
+        may stop short); each one appended gets its log-probabilities where asked."""
         n = 0
         eos = self.target.eos_token_ids
         for t in tokens:
@@ -620,7 +625,10 @@ class Engine:
             elif len(r.context) - r.n_prompt >= r.params.max_tokens:
                 r.finish_reason = "length"
             if r.done:
-                return n
-        if len(r.context) > self.target.context_length:  # the next round has no room
+                break
+        if not r.done and len(r.context) > self.target.context_length:  # no room for a round
             r.finish_reason = "length"
+        if r.params.logprobs is not None:
+            rows = [*path, *range(len(path), n)][:n]
+            r.logprobs += token_logprobs(logits[rows], tokens[:n], r.params.logprobs)
         return n

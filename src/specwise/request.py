@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specwise.detok import Detokenizer
-from specwise.sampling import Sampler, SamplingParams
+from specwise.sampling import Sampler, SamplingParams, TokenLogprob
 from specwise.trace import RequestSummary, RoundTrace
 
 __all__ = ["GenerationResult", "Request"]
@@ -34,6 +34,7 @@ class Request:
     k: int | str | None = None  # this request's own k (None: the engine's)
     only: str | None = None  # this request's only drafter (None: any of the engine's)
     ended: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token (params.logprobs)
 
     @property
     def tokens(self) -> list[int]:
@@ -56,3 +57,4 @@ class GenerationResult:
     finish_reason: str
     rounds: list[RoundTrace]
     summary: RequestSummary
+    logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked

@@ -1,4 +1,5 @@
-"""Sampling parameters, the one warping function, and the request's random source.
+"""Sampling parameters, the one warping function, the request's random source, and the
+log-probabilities reported with emitted tokens (`token_logprobs`).
 
 `warp` turns logits into the probabilities that both the target (p) and every drafter (q) use;
 it is the ONLY warping code in specwise, so p and q can never be warped differently.
@@ -11,8 +12,9 @@ The order of the warpers is the Hugging Face / vLLM convention:
    the distribution left by top-k; ties broken by token id, lower first);
 4. min-p: keep tokens whose probability is >= min_p x the largest probability;
 
-then renormalise. This module does not decide which token is emitted (that is `verify`) and
-holds no model code.
+then renormalise. Reported log-probabilities are the model's own (a log-softmax of its logits,
+before any warper), whatever the request samples with. This module does not decide which token
+is emitted (that is `verify`) and holds no model code.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LazyRows", "Sampler", "SamplingParams", "warp"]
+__all__ = ["LazyRows", "Sampler", "SamplingParams", "TokenLogprob", "token_logprobs", "warp"]
+
+MAX_LOGPROBS = 20  # most likely alternatives a token may report (OpenAI's top_logprobs limit)
 
 # top-p first looks for its nucleus among this many most likely tokens; see `_top_p_mask`.
 TOP_P_CANDIDATES = 1024
@@ -45,6 +49,7 @@ class SamplingParams:
     seed: int | None = None  # None → fresh entropy
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None → none; n → each token's and its n most likely others'
 
     def __post_init__(self) -> None:
         def real(field: str, lo: float, hi: float, valid: str) -> None:
@@ -78,6 +83,8 @@ class SamplingParams:
         if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
             _fail("stop", self.stop, "a list of non-empty strings")
         object.__setattr__(self, "stop", tuple(stop))
+        if self.logprobs is not None:
+            integer("logprobs", 0, MAX_LOGPROBS, f"None or an integer in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
@@ -140,6 +147,32 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
         probs /= probs.sum()
     return probs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the model, and the most likely tokens at its
+    position with theirs, most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: np.ndarray, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """logits [n, V] and the n tokens emitted from those rows -> each token's log-probability
+    under log_softmax(row) and the `top` most likely tokens of its row (ties: lower id first)."""
+    out = []
+    for row, t in zip(np.asarray(logits, dtype=np.float64), tokens, strict=True):
+        z = row - row.max()
+        lp = z - np.log(np.exp(z).sum())
+        best: list[int] = []
+        top = min(top, len(lp))
+        if top:
+            near = np.flatnonzero(lp >= np.partition(lp, -top)[-top])  # the top, ties included
+            best = sorted(near.tolist(), key=lambda i: (-lp[i], i))[:top]
+        out.append(TokenLogprob(int(t), float(lp[t]), tuple((int(i), float(lp[i])) for i in best)))
+    return out
 
 
 class LazyRows:
