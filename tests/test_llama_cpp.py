@@ -99,6 +99,7 @@ def test_sequences_are_isolated(gguf):
     gguf.release(7)
     other = list(reversed(ids))
     both = gguf.forward([(8, other), (7, ids)], last_only=True)
+    assert gguf.in_use() == 2
     np.testing.assert_allclose(both[1], alone, atol=1e-3)
     assert both[0].shape == (1, gguf.vocab_size)
     # grow sequence 8 further; 7 must not see it
@@ -107,7 +108,9 @@ def test_sequences_are_isolated(gguf):
     again = gguf.forward([(7, ids[-1:])])[0]
     np.testing.assert_allclose(again, alone, atol=1e-3)
     gguf.release(7)
+    assert gguf.in_use() == 1
     gguf.release(8)
+    assert gguf.in_use() == 0
 
 
 def test_a_rollback_below_another_sequence_changes_nothing_for_it(gguf):

@@ -165,3 +165,13 @@ def test_sampler_bernoulli_draws_nothing_when_certain():
     s1, s2 = Sampler(11), Sampler(11)
     assert s1.bernoulli(1.0) and not s1.bernoulli(0.0)
     assert s1.categorical(np.ones(4)) == s2.categorical(np.ones(4))
+
+
+@pytest.mark.parametrize("t", [5e-324, 2.2250738585072014e-308, 1e-300])
+def test_a_tiny_temperature_warps_to_its_limit_not_to_nan(t):
+    """logits / t would overflow to inf (and the softmax to NaN, which no token can be drawn
+    from); the limit of a temperature going to 0 is the argmax, with ties shared."""
+    logits = np.array([1.0, 30.0, -5.0, 30.0, 2.0])
+    p = warp(logits, SamplingParams(temperature=t))
+    np.testing.assert_array_equal(p, [0.0, 0.5, 0.0, 0.5, 0.0])
+    assert Sampler(0).categorical(p) in (1, 3)

@@ -112,6 +112,9 @@ class ToyLM:
         self.caches.pop(seq, None)
         self.pending.pop(seq, None)
 
+    def in_use(self):
+        return len(self.caches)
+
 
 def tiny_llama(
     vocab: int = 16,

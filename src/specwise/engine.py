@@ -175,20 +175,7 @@ class Engine:
         arrival = time.perf_counter() if arrival is None else arrival
         self.check_override(k, drafter)
         prompt = [int(t) for t in prompt]
-        ctx = self.target.context_length
-        if not prompt:
-            raise ValueError("the prompt is empty; give at least one token")
-        if len(prompt) >= ctx:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens; the target's context holds {ctx} "
-                f"(leave room for at least one new token)"
-            )
-        bad = next((t for t in prompt if not 0 <= t < self.target.vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"prompt token id {bad} is out of range; valid ids are 0 .. "
-                f"{self.target.vocab_size - 1}"
-            )
+        self.check_prompt(prompt)
         tok = self.target.tokenizer
         if params.stop and tok is None:
             raise ValueError("stop strings need a tokenizer, and this target has none")
@@ -318,6 +305,25 @@ class Engine:
             with contextlib.suppress(Exception):
                 d.end(req.seq)
             return None
+
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        """Raise ValueError unless the prompt can be decoded: not empty, shorter than the
+        target's context (room for one new token), every id in the vocabulary. `admit` checks
+        it; a server checks it before queueing, so that no answer starts for a bad prompt."""
+        ctx = self.target.context_length
+        if not prompt:
+            raise ValueError("the prompt is empty; give at least one token")
+        if len(prompt) >= ctx:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the target's context holds {ctx} "
+                f"(leave room for at least one new token)"
+            )
+        bad = next((t for t in prompt if not 0 <= t < self.target.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"prompt token id {bad} is out of range; valid ids are 0 .. "
+                f"{self.target.vocab_size - 1}"
+            )
 
     def check_override(self, k: int | str | None, drafter: str | None) -> None:
         """Raise ValueError unless this engine can honour a request's own k and drafter."""

@@ -135,7 +135,8 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         out = np.zeros_like(z)
         out[int(np.argmax(z))] = 1.0
         return out
-    z = z / params.temperature
+    with np.errstate(over="ignore"):  # <= 0 first, so a tiny temperature gives -inf, never +inf
+        z = (z - z.max()) / params.temperature
     if 0 < params.top_k < z.shape[-1]:
         kth = np.partition(z, -params.top_k)[-params.top_k]
         z = np.where(z >= kth, z, -np.inf)

@@ -526,6 +526,9 @@ class LlamaCppLM:
             self._compact()
             self._gaps = self._gaps or bool(self._slots)
 
+    def in_use(self) -> int:
+        return len(self._slots)
+
     def _compact(self) -> None:
         """Keep the sequences in the lowest slots: a free slot below a used one costs every
         later batch one more pass, moving the highest sequence down costs one copy of its KV

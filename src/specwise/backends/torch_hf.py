@@ -216,3 +216,6 @@ class TorchLM:
     def release(self, seq: int) -> None:
         self._caches.pop(seq, None)
         self._lengths.pop(seq, None)
+
+    def in_use(self) -> int:
+        return len(self._caches)

@@ -6,7 +6,9 @@ the queue is full), and streamed back as the scheduler publishes text. A client 
 is cancelled, which releases its caches at once. With API keys, every /v1 route needs
 `Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that learn across
 requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an OpenAI-style error body;
-nothing reaches the client as a traceback.
+nothing reaches the client as a traceback. /health reports the load, the sequences holding
+cache (0 when idle: none leaked) and the server's limits (context, batch, queue, body bytes),
+by which `bench.faults` sizes its faults.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from specwise.engine import Engine
 from specwise.server import protocol
@@ -32,7 +36,6 @@ from specwise.trace import rss_mb
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-POLL_S = 0.25  # how often a waiting non-streaming request checks that its client is still there
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -103,6 +106,13 @@ def create_app(
         load = state["scheduler"].load
         status = "busy" if load["queued"] >= max_queue else "ok"  # new requests would get 429
         out = {"status": status, "model": model_name, **load}
+        out["sequences"] = engine.target.in_use()  # 0 when idle: no request kept its cache
+        out["limits"] = {
+            "context_length": engine.target.context_length,
+            "max_batch": max_batch,
+            "max_queue": max_queue,
+            "max_body_bytes": max_body_bytes,
+        }
         out["exact"] = engine.target.exact
         out["rss_mb"] = round(rss_mb(), 1)
         for d in engine.drafters:
@@ -123,13 +133,7 @@ def create_app(
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
-            raw = await request.body()
-            if len(raw) > max_body_bytes:
-                raise ApiError(413, f"the request body is over the {max_body_bytes}-byte limit")
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+            body = await _read_json(request, max_body_bytes)
             req = protocol.parse(body, chat, [model_name])
             try:
                 engine.check_override(req.k, req.drafter)
@@ -157,13 +161,15 @@ def create_app(
                 ) from None
         except ApiError as exc:
             return _error(exc)
+        except ClientDisconnect:  # it left before its body was in (a slow client giving up)
+            return Response(status_code=499)
         if req.stream:
             return StreamingResponse(
-                _stream(state["scheduler"], job, req, len(prompt)),
+                _stream(state["scheduler"], job, req, len(prompt), _piece(engine)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await _complete(request, state["scheduler"], job, req, len(prompt))
+        return await _complete(request, state["scheduler"], job, req, len(prompt), _piece(engine))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -176,50 +182,102 @@ def create_app(
     return app
 
 
+def _piece(engine: Engine):
+    """A token id's text (the tokenizer's, special tokens left out), for log-probabilities."""
+    tok = engine.target.tokenizer
+    return lambda t: tok.decode([t])
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The request's body as JSON. Reads no more than `limit` + 1 bytes, whatever the body's
+    length (a chunked body has none): 413 past the limit. Anything else that is not JSON is a
+    400: bad syntax, bytes that are not UTF-8, an integer of more digits than Python converts,
+    nesting deeper than the parser recurses (the last two are not `JSONDecodeError`s)."""
+    raw = bytearray()
+    async for part in request.stream():
+        raw += part
+        if len(raw) > limit:
+            raise ApiError(413, f"the request body is over the {limit}-byte limit")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client has hung up: after the body, the ASGI receive channel has only
+    `http.disconnect` left to say. (`Request.is_disconnected` never sees it here: under the
+    `guard` middleware, Starlette's BaseHTTPMiddleware, its instant check loses the message.)"""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _tokenize(engine: Engine, req: ParsedRequest) -> list[int]:
+    """The request's prompt as token ids, checked here (400) so that a prompt the context
+    cannot hold is refused before a stream starts (the engine would fail it inside one)."""
     tok = engine.target.tokenizer
     if tok is None:
         raise ApiError(500, "the model has no tokenizer", kind="server_error")
     try:
-        if req.chat:
-            return tok.render_chat(req.messages)
-        return tok.encode(req.prompt)
+        ids = tok.render_chat(req.messages) if req.chat else tok.encode(req.prompt)
+        engine.check_prompt(ids)
+        return ids
     except ValueError as exc:
         raise ApiError(400, str(exc), "messages" if req.chat else "prompt") from None
 
 
 async def _complete(
-    request: Request, sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int
+    request: Request, sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int, piece
 ) -> Response:
     parts: list[str] = []
-    while True:
-        try:
-            kind, payload = await asyncio.wait_for(job.events.get(), timeout=POLL_S)
-        except TimeoutError:
-            if await request.is_disconnected():
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        while True:
+            event = asyncio.ensure_future(job.events.get())
+            await asyncio.wait((event, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not event.done():  # the client left: release the request's caches now
+                event.cancel()
                 sched.cancel(job)
                 return Response(status_code=499)
-            continue
-        if kind == "text":
-            parts.append(payload[0])
-        elif kind == "error":
-            status, message = payload
-            field = ("messages" if req.chat else "prompt") if status == 400 else None
-            kind_ = "invalid_request_error" if status < 500 else "server_error"
-            return _error(ApiError(status, message, field, kind=kind_))
-        else:
-            result = payload
-            return JSONResponse(
-                protocol.response(
-                    req, job.id, "".join(parts), result.finish_reason, n_prompt, result.summary
+            kind, payload = event.result()
+            if kind == "text":
+                parts.append(payload[0])
+            elif kind == "error":
+                status, message = payload
+                field = ("messages" if req.chat else "prompt") if status == 400 else None
+                kind_ = "invalid_request_error" if status < 500 else "server_error"
+                return _error(ApiError(status, message, field, kind=kind_))
+            else:
+                result = payload
+                logprobs = protocol.logprobs(req, result.logprobs or [], piece)
+                return JSONResponse(
+                    protocol.response(
+                        req,
+                        job.id,
+                        "".join(parts),
+                        result.finish_reason,
+                        n_prompt,
+                        result.summary,
+                        logprobs,
+                    )
                 )
-            )
+    finally:
+        gone.cancel()
 
 
 async def _stream(
-    sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int
+    sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int, piece
 ) -> AsyncIterator[bytes]:
+    """Server-sent events: a chunk per text event, carrying the log-probabilities (if asked) of
+    the tokens emitted since the last chunk; the finish chunk carries the rest."""
     created = int(time.time())
+    sent = {"tokens": 0, "chars": 0}  # log-probabilities sent so far, their text's length
+
+    def logprobs(items) -> dict | None:
+        out = protocol.logprobs(req, items, piece, sent["chars"])
+        sent["tokens"] += len(items)
+        sent["chars"] += sum(len(piece(x.token)) for x in items) if out else 0
+        return out
 
     def sse(obj: dict) -> bytes:
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
@@ -235,7 +293,8 @@ async def _stream(
             kind, payload = await job.events.get()
             if kind == "text":
                 text, emitted = payload
-                obj = protocol.chunk(req, job.id, created, text, None, first=first)
+                lp = logprobs(job.req.logprobs[sent["tokens"] : emitted]) if job.req else None
+                obj = protocol.chunk(req, job.id, created, text, None, first, lp)
                 yield sse(with_usage(obj, emitted))
                 first = False
             elif kind == "error":
@@ -248,7 +307,8 @@ async def _stream(
                 break
             else:
                 result = payload
-                obj = protocol.chunk(req, job.id, created, None, result.finish_reason, first=first)
+                lp = logprobs((result.logprobs or [])[sent["tokens"] :])
+                obj = protocol.chunk(req, job.id, created, None, result.finish_reason, first, lp)
                 yield sse(with_usage(obj, result.summary.emitted))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(req, job.id, created, n_prompt, result.summary))

@@ -2,21 +2,24 @@
 
 Every bad request becomes an `ApiError` with an HTTP status and an OpenAI-style body that names
 the offending field (`param`). A field that would change what the client gets and that this
-server does not implement (tools, a JSON response format, logprobs, penalties, logit bias) is
-refused by name rather than ignored; fields that change nothing (`user`, zero penalties, ...)
-are accepted. A chat message's content is a string or a list of text parts (joined by newlines);
-a `developer` message is a system message. This module holds no model, no queue and no HTTP
-server.
+server does not implement (tools, a JSON response format, penalties, logit bias) is refused by
+name rather than ignored; fields that change nothing (`user`, zero penalties, ...)
+are accepted, and so are fields the API does not define (at the top or in a message), which
+are ignored, as vLLM does (OpenAI's own server refuses them). A chat message's content is a string or a list of text parts (joined by newlines);
+a `developer` message is a system message. Log-probabilities (`logprobs`; chat:
+`top_logprobs`) are the model's own at each emitted token (`sampling.token_logprobs`), in the
+chat or the legacy completions shape. This module holds no model, no queue and no HTTP server.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specwise.sampling import SamplingParams
+from specwise.sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 
 __all__ = ["ApiError", "ParsedRequest", "error_body", "parse"]
 
@@ -74,18 +77,17 @@ def _number(body: dict, field: str, default, kind=float, lo=None, hi=None):
     if v is None:
         return default
     ok = isinstance(v, int | float) and not isinstance(v, bool)
-    if kind is int:
-        ok = ok and float(v).is_integer()
+    if kind is int:  # an int, or a float with no fraction; never float(int): it can overflow
+        ok = ok and (isinstance(v, int) or v.is_integer())
     if not ok:
         raise _bad(
             field,
             f"'{field}' must be {'an integer' if kind is int else 'a number'}, "
             f"got {type(v).__name__} {v!r}",
         )
-    v = kind(v)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
+    if (lo is not None and v < lo) or (hi is not None and v > hi):  # before float(v), likewise
         raise _bad(field, f"'{field}' = {v!r} is out of range [{lo}, {hi}]")
-    return v
+    return kind(v)
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -124,15 +126,25 @@ def _refuse_unimplemented(body: dict, chat: bool) -> None:
             "'response_format' other than {'type': 'text'} (JSON mode, a JSON schema) is not "
             "supported by this server",
         )
-    wants = body.get("top_logprobs") if chat else None
-    if body.get("logprobs") or wants:
-        field = "logprobs" if body.get("logprobs") else "top_logprobs"
-        raise _bad(field, f"'{field}' is not supported by this server yet")
     for field in ("presence_penalty", "frequency_penalty"):
         if _number(body, field, 0.0, float, -2.0, 2.0) != 0.0:
             raise _bad(field, f"'{field}' other than 0 is not supported by this server")
     if body.get("logit_bias"):
         raise _bad("logit_bias", "'logit_bias' is not supported by this server")
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives each token reports with its log-probability, None for none. Chat:
+    `logprobs` true, `top_logprobs` alternatives (0 without); completions: `logprobs` = n."""
+    if not chat:
+        return _number(body, "logprobs", None, int, 0, MAX_LOGPROBS)
+    wanted = body.get("logprobs", False)
+    if wanted is not None and not isinstance(wanted, bool):
+        raise _bad("logprobs", "'logprobs' must be true or false")
+    top = _number(body, "top_logprobs", None, int, 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return (top or 0) if wanted else None
 
 
 def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
@@ -199,6 +211,7 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
     seed = body.get("seed")
     if seed is not None:
         seed = _number(body, "seed", None, int, 0, 2**63 - 1)
+    logprobs = _logprobs(body, chat)
     try:
         params = SamplingParams(
             temperature=_number(body, "temperature", 1.0, float, 0.0, 2.0),
@@ -208,6 +221,7 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
             seed=seed,
             max_tokens=max_tokens or MAX_TOKENS_DEFAULT,
             stop=stop,
+            logprobs=logprobs,
         )
     except ValueError as exc:  # e.g. top_p = 0
         field = str(exc).split(" =")[0].removeprefix("SamplingParams.")
@@ -266,8 +280,44 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def logprobs(
+    req: ParsedRequest, items: Sequence[TokenLogprob], piece: Callable[[int], str], offset: int = 0
+) -> dict[str, Any] | None:
+    """`choices[].logprobs` for these tokens (None where the request asked for none): chat's
+    {"content": [{token, logprob, bytes, top_logprobs}]}, or completions' {tokens,
+    token_logprobs, top_logprobs, text_offset} (offsets into the completion from `offset`).
+    piece: a token id's text."""
+    if req.params.logprobs is None:
+        return None
+    if req.chat:
+
+        def entry(t: int, lp: float) -> dict[str, Any]:
+            text = piece(t)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        content = [
+            {**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]}
+            for x in items
+        ]
+        return {"content": content}
+    tokens = [piece(x.token) for x in items]
+    offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [x.logprob for x in items],
+        "top_logprobs": [{piece(t): lp for t, lp in x.top} for x in items],
+        "text_offset": offsets,
+    }
+
+
 def response(
-    req: ParsedRequest, rid: str, text: str, finish: str, prompt_tokens: int, summary
+    req: ParsedRequest,
+    rid: str,
+    text: str,
+    finish: str,
+    prompt_tokens: int,
+    summary,
+    token_logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     base = {
         "id": rid,
@@ -281,10 +331,10 @@ def response(
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": finish,
-            "logprobs": None,
+            "logprobs": token_logprobs,
         }
         return {**base, "object": "chat.completion", "choices": [choice]}
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": token_logprobs}
     return {**base, "object": "text_completion", "choices": [choice]}
 
 
@@ -295,6 +345,7 @@ def chunk(
     text: str | None,
     finish: str | None,
     first: bool = False,
+    token_logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     base = {"id": rid, "created": created, "model": req.model}
     if req.chat:
@@ -306,12 +357,16 @@ def chunk(
         return {
             **base,
             "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [
+                {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": token_logprobs}
+            ],
         }
     return {
         **base,
         "object": "text_completion",
-        "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}],
+        "choices": [
+            {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": token_logprobs}
+        ],
     }
 
 
