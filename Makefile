@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo soak lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/specwise models pull qwen-coder
 	$(VENV)/bin/specwise bench --quick
+
+# The server's resilience soak: an hour (SOAK_SECONDS) of 8 clients with a fault every 5 s;
+# `make test` runs the short version (tests/test_resilience.py).
+SOAK_SECONDS ?= 3600
+soak: $(STAMP)
+	$(VENV)/bin/specwise models pull qwen-coder
+	$(PY) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts

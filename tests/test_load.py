@@ -1,8 +1,10 @@
 """`bench load`'s arithmetic on made-up request timelines: steady throughput counts only the
 time in which every worker had a request in flight; the SLO and where it breaks; the open
-loop's arrival times."""
+loop's arrival times; a soak's checks and its answers against the same requests alone."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -15,7 +17,11 @@ from specwise.bench.load import (
     _progress,
     _steady,
     _tokens_by,
+    alone_check,
+    near_ties,
     slo_breaks,
+    soak_checks,
+    soak_verdict,
 )
 
 
@@ -146,3 +152,66 @@ def test_an_open_loop_sends_at_poisson_arrival_times_the_same_for_every_setting(
     assert runs["a"] == runs["b"] != runs["c"]
     assert runs["a"] == sorted(runs["a"]) and runs["a"][0] > 0
     assert runs["a"][-1] < 1.5  # 6 gaps of mean 0.05 s: fewer in flight would have taken 1.2 s
+
+
+def entries(*tokens_and_gaps):
+    """Log-probability entries of an answer: (token, its position's top-2 gap)."""
+    return [
+        {"token": t, "logprob": -0.1, "top_logprobs": [{"logprob": -0.1}, {"logprob": -0.1 - g}]}
+        for t, g in tokens_and_gaps
+    ]
+
+
+def test_an_answer_parts_from_its_answer_alone_at_a_gap_judged_by_the_noise_seen():
+    alone = entries(("a", 3.0), ("b", 0.05), ("c", 2.0))
+    assert alone_check(alone, entries(("a", 3.0), ("b", 0.05), ("c", 2.0))) == {
+        "match": True,
+        "noise": 0.0,
+    }
+    parted = alone_check(alone, entries(("a", 2.9), ("x", 0.05), ("c", 2.0)))
+    assert parted == {
+        "match": False,
+        "position": 1,
+        "top2_gap": pytest.approx(0.05),
+        "noise": pytest.approx(0.1),
+    }
+    late = alone_check(alone, entries(("a", 3.0), ("b", 0.05), ("c", 2.0), ("d", 1.0)))
+    assert late["match"] is False and late["position"] == 3 and math.isnan(late["top2_gap"])
+    summary = near_ties([{"match": True, "noise": 0.0}, parted, late], factor=2.0)
+    assert summary == {
+        "factor": 2.0,
+        "answers": 3,
+        "matched": 1,
+        "diverged": 2,
+        "at_near_ties": 1,  # 0.05 <= 2 x 0.1; the longer answer is not a near-tie
+        "noise": pytest.approx(0.1),
+        "gaps": [pytest.approx(0.05), late["top2_gap"]],
+    }
+
+
+def test_a_soak_passes_only_when_every_check_does():
+    def health(t, rss, **load):
+        return {"seconds": t, "health": {"rss_mb": rss, "running": 0, "sequences": 0, **load}}
+
+    result = {
+        "seconds": 100.0,
+        "samples": [health(0, 50), health(25, 100), health(50, 102), health(100, 104)],
+        "errors": {"HTTP 429": 2},
+        "faults": [{"fault": "burst", "status": 429, "ok": True, "detail": ""}],
+        "alone": None,
+    }
+    checks = {c["check"]: c for c in soak_checks(result)}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert checks["resident memory grows < 5% after the first quarter"]["measured"] == "+4.0%"
+    assert "greedy answers as alone, or parted at near-ties" not in checks  # not asked
+    result["samples"][-1] = health(100, 106, sequences=1)
+    result["errors"]["HTTP 500"] = 1
+    result["faults"].append({"fault": "slow_client", "status": None, "ok": False, "detail": "hung"})
+    failed = {c["check"] for c in soak_checks(result) if not c["ok"]}
+    assert failed == {
+        "no 5xx",
+        "every fault taken as required",
+        "nothing left running or holding cache",
+        "resident memory grows < 5% after the first quarter",
+    }
+    assert soak_verdict(result | {"checks": soak_checks(result)})[-1] == "soak: FAILED"

@@ -232,8 +232,9 @@ def local(engine):
         ({"prompt": "hi", "speculative": {"k": -1}}, 400, "speculative.k"),
         ({"prompt": "hi", "speculative": {"drafter": "eagle"}}, 400, "speculative.drafter"),
         ({"prompt": "word " * 600}, 400, "prompt"),
+        ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ({"prompt": "hi", "logprobs": True}, 400, "logprobs"),
         # fields that would change the answer and are not implemented: refused by name
-        ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),
         ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": "x"}, 400, "frequency_penalty"),
         ({"prompt": "hi", "logit_bias": {"42": 5}}, 400, "logit_bias"),
@@ -295,6 +296,46 @@ def test_chat_content_as_text_parts_and_fields_that_change_nothing(local):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0].text"
     r = chat([{"role": "user", "content": "Hi"}], top_logprobs=2)
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    assert "needs 'logprobs': true" in r.json()["error"]["message"]
+
+
+def test_logprobs_in_the_chat_and_completions_shapes_streamed_or_not(local):
+    """Greedy: each token is the most likely of its position (up to a near-tie); the pieces
+    make the text; a stream carries the same log-probabilities as the whole answer."""
+    body = {"max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    whole = local.post("/v1/chat/completions", json={**body, "logprobs": True, "top_logprobs": 2})
+    choice = whole.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == whole.json()["usage"]["completion_tokens"]
+    assert "".join(c["token"] for c in content) == choice["message"]["content"]
+    for c in content:
+        assert c["logprob"] <= 0 and len(c["top_logprobs"]) == 2
+        assert c["top_logprobs"][0]["logprob"] >= c["top_logprobs"][1]["logprob"]
+        assert c["logprob"] >= c["top_logprobs"][0]["logprob"] - 1e-3  # greedy: the top one
+        assert c["bytes"] == list(c["token"].encode())
+    with local.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={**body, "logprobs": True, "top_logprobs": 2, "stream": True},
+    ) as r:
+        chunks = [
+            json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
+    streamed = [c for ch in chunks for c in (ch["choices"][0]["logprobs"] or {}).get("content", [])]
+    assert streamed == content
+    plain = local.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert plain["logprobs"] is None and plain["message"] == choice["message"]
+    legacy = local.post(
+        "/v1/completions",
+        json={"prompt": "1, 2, 3,", "max_tokens": 6, "temperature": 0, "logprobs": 3},
+    ).json()["choices"][0]
+    lp = legacy["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    assert "".join(lp["tokens"]) == legacy["text"] and lp["text_offset"][0] == 0
+    assert lp["text_offset"][1] == len(lp["tokens"][0])
+    assert all(len(top) <= 3 and max(top.values()) <= 0 for top in lp["top_logprobs"])
 
 
 @pytest.mark.parametrize("chunk, first", [(8, "short"), (None, "long")])
@@ -500,7 +541,8 @@ def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_pat
         ks=[4],
         out=tmp_path / "soak",
     )
-    samples = run_soak(opts, seconds=2.0, every=0.5)
+    result = run_soak(opts, seconds=2.0, every=0.5)
+    samples = result["samples"]
     assert samples[0]["answered"] == 0 and samples[-1]["answered"] >= 2
     assert samples[-1]["failed"] == 0
     times = [s["seconds"] for s in samples]
@@ -509,10 +551,40 @@ def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_pat
     assert samples[-1]["health"]["running"] == 0  # every request had ended
     rows = (tmp_path / "soak" / "requests.jsonl").read_text().splitlines()
     assert len(rows) == samples[-1]["answered"]
-    assert "| minutes | answered | failed | running | prefilling | queued | rss_mb |" in (
-        capsys.readouterr().out
+    assert (
+        "| minutes | answered | failed | running | prefilling | queued | sequences | rss_mb |"
+        in (capsys.readouterr().out)
     )
     assert json.loads((tmp_path / "soak" / "soak.json").read_text())["k"] == 4
+    assert all(c["ok"] for c in result["checks"]) and result["alone"] is None
+
+
+def test_a_soak_with_faults_checks_its_answers_against_the_same_requests_alone(
+    server, tmp_path, capsys
+):
+    from specwise.bench.load import LoadOptions, run_soak
+
+    opts = LoadOptions(
+        urls={"": server[0]},
+        concurrency=[2],
+        prompts=PROMPTS[:2],
+        max_tokens=8,
+        ks=["auto"],
+        out=tmp_path / "soak",
+    )
+    result = run_soak(opts, seconds=3.0, every=1.0, fault_every=1.0, alone=True)
+    assert result["faults"] and all(f["ok"] for f in result["faults"]), result["faults"]
+    a = result["alone"]
+    assert a["answers"] >= 2 and a["matched"] + a["diverged"] == a["answers"]
+    checks = {c["check"]: c["ok"] for c in result["checks"]}
+    assert checks["no 5xx"] and checks["every fault taken as required"]
+    assert checks["nothing left running or holding cache"]
+    assert checks["greedy answers as alone, or parted at near-ties"]
+    out = capsys.readouterr().out
+    assert "PASS  greedy answers as alone, or parted at near-ties:" in out
+    assert out.strip().splitlines()[-1].startswith("report: ")
+    rows = [json.loads(x) for x in (tmp_path / "soak" / "requests.jsonl").read_text().splitlines()]
+    assert all("logprobs" not in r for r in rows) and any("alone" in r for r in rows)
 
 
 def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypatch):

@@ -283,8 +283,12 @@ def _bench_load(a: argparse.Namespace) -> int:
         out=Path(a.out) if a.out else default_out("-load"),
     )
     if a.soak is None:
+        if a.faults is not None or a.alone:
+            raise UsageError("--faults and --alone go with --soak")
         run_load(opts)
         return 0
+    if a.faults is not None and not a.faults > 0:
+        raise UsageError(f"--faults {a.faults:g} is invalid; use seconds > 0, e.g. --faults 5")
     if a.soak <= 0 or a.sample_every <= 0:
         raise UsageError(
             f"--soak {a.soak:g} / --sample-every {a.sample_every:g} is invalid; "
@@ -296,8 +300,8 @@ def _bench_load(a: argparse.Namespace) -> int:
         raise UsageError(
             "--soak keeps one level busy: give one --url, one --concurrency and at most one --k"
         )
-    run_soak(opts, a.soak, a.sample_every)
-    return 0
+    result = run_soak(opts, a.soak, a.sample_every, fault_every=a.faults, alone=a.alone)
+    return 0 if all(c["ok"] for c in result["checks"]) else 1
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -798,6 +802,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bl.add_argument(
         "--sample-every", type=float, default=60.0, help="seconds between /health samples (60)"
+    )
+    bl.add_argument(
+        "--faults",
+        type=float,
+        metavar="SECONDS",
+        help="with --soak: also inject one fault (bench.faults, at random) every SECONDS",
+    )
+    bl.add_argument(
+        "--alone",
+        action="store_true",
+        help="with --soak: run every prompt alone first, then check each greedy answer against "
+        "it (equal, or parted at a near-tie, judged by the answers' log-probabilities)",
     )
     bl.add_argument("--out", help="output folder (default bench-results/<timestamp>-load)")
     b.set_defaults(func=cmd_bench)

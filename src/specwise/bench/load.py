@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import math
 import sys
 import threading
 import time
@@ -99,6 +100,7 @@ class LoadOptions:
     timeout_s: float = 600.0
     rounds: int = 1
     rates: list[float] = field(default_factory=list)  # open loop when given (requests/s)
+    logprobs: bool = False  # ask each token's log-probability and top 2 (`alone_check`)
     slo: Slo = field(default_factory=Slo)
     seed: int = 0  # of the open loop's arrival times
 
@@ -142,16 +144,22 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if k is not None:
         body["speculative"] = {"k": k}
+    if opts.logprobs:
+        body |= {"logprobs": True, "top_logprobs": 2}
     t0 = time.perf_counter()
     first = None
     tokens = chunks = 0
+    logprobs: list[dict] = []  # the answer's tokens: {token, logprob, top_logprobs}
     timeline: list[tuple[float, int | None]] = []  # (time, completion tokens so far) by chunk
     try:
         if not opts.stream:
             r = client.post("/chat/completions", json=body)
             if r.status_code != 200:
                 return {"error": f"HTTP {r.status_code}", "latency_s": time.perf_counter() - t0}
-            tokens = r.json().get("usage", {}).get("completion_tokens", 0)
+            answer = r.json()
+            tokens = answer.get("usage", {}).get("completion_tokens", 0)
+            for ch in answer.get("choices", []):
+                logprobs += (ch.get("logprobs") or {}).get("content") or []
         else:
             with client.stream("POST", "/chat/completions", json=body) as r:
                 if r.status_code != 200:
@@ -163,6 +171,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
                     if obj.get("usage"):
                         tokens = obj["usage"].get("completion_tokens", tokens)
                     for ch in obj.get("choices", []):
+                        logprobs += (ch.get("logprobs") or {}).get("content") or []
                         if (ch.get("delta") or {}).get("content"):
                             chunks += 1
                             now = time.perf_counter()
@@ -185,6 +194,8 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
         "continuation_tps": None,
         "progress": _progress(timeline, tokens, end) if opts.stream else None,
     }
+    if opts.logprobs:
+        out["logprobs"] = logprobs
     if first is not None:
         out["ttft_s"] = first - t0
         if tokens > 1 and end > first:
@@ -229,6 +240,45 @@ def _steady(results: list[dict[str, Any]], concurrency: int) -> tuple[float, flo
         return None
     tokens = sum(_tokens_by(r["progress"], b) - _tokens_by(r["progress"], a) for r in results)
     return tokens, b - a
+
+
+def _gap(entry: dict) -> float:
+    """The top-2 gap of a token's position (logits differ as log-probabilities do)."""
+    top = entry["top_logprobs"]
+    return top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else math.inf
+
+
+def alone_check(alone: list[dict], got: list[dict]) -> dict:
+    """A greedy answer against the same request's answer alone, both as log-probability entries
+    ({token, logprob, top_logprobs} with the top 2): {"match": True}, or where they part and
+    alone's top-2 gap there; with `noise`, the largest change of a top-2 gap between the two at
+    the positions before (what the server's numerics moved; `near_ties` judges by it)."""
+    n = min(len(alone), len(got))
+    part = next((i for i in range(n) if alone[i]["token"] != got[i]["token"]), n)
+    noise = max((abs(_gap(alone[i]) - _gap(got[i])) for i in range(part)), default=0.0)
+    noise = 0.0 if math.isinf(noise) or math.isnan(noise) else noise
+    if part == n and len(alone) == len(got):
+        return {"match": True, "noise": noise}
+    gap = _gap(alone[part]) if part < len(alone) else math.nan
+    return {"match": False, "position": part, "top2_gap": gap, "noise": noise}
+
+
+def near_ties(checks: list[dict], factor: float) -> dict:
+    """The soak's greedy answers against their answers alone: how many matched, and whether
+    every divergence was at a near-tie: a top-2 gap within `factor` x the largest noise
+    seen over all answers (as `bench.runner` judges its own divergences)."""
+    noise = max((c["noise"] for c in checks), default=0.0)
+    parted = [c for c in checks if not c["match"]]
+    ties = [c for c in parted if c["top2_gap"] <= factor * noise]
+    return {
+        "factor": factor,
+        "answers": len(checks),
+        "matched": len(checks) - len(parted),
+        "diverged": len(parted),
+        "at_near_ties": len(ties),
+        "noise": noise,
+        "gaps": sorted(c["top2_gap"] for c in parted),
+    }
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -562,59 +612,114 @@ def soak_table(samples: list[dict]) -> list[str]:
     return out
 
 
-def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> list[dict]:
+def run_soak(
+    opts: LoadOptions,
+    seconds: float,
+    every: float,
+    stream=None,
+    fault_every: float | None = None,
+    alone: bool = False,
+) -> dict:
     """Load without pause for `seconds`: `opts.concurrency[0]` workers each send the next
     prompt (wrapping round) as soon as their last request ends, with the first setting (the
     first server, `opts.ks[0]`).
     Every `every` seconds, and once more when the last request has ended, a sample: the time,
     the requests answered and failed so far, and the numbers the server's /health reports
-    (a specwise server: its resident memory and the size of the suffix drafter's memory).
-    Requests go to requests.jsonl, the samples to soak.json and soak.md."""
+    (a specwise server: its resident memory, the sequences holding cache, the size of the
+    suffix drafter's memory).
+    fault_every: also one fault of `bench.faults` (picked at random, seeded) every so many
+    seconds, beside the load. alone: first run every prompt alone, then compare each greedy
+    answer of the soak with its prompt's (`alone_check`, `near_ties`; answers carry their
+    log-probabilities).
+    Returns the soak's result: the samples, the faults' outcomes, and `checks`, each criterion
+    with what was measured and whether it passed: no 5xx, every fault taken as required,
+    nothing left running or holding cache once idle, resident memory grown < 5% after the
+    first quarter, greedy answers as alone but at near-ties. Requests go to requests.jsonl,
+    the result to soak.json and soak.md."""
+    import random
+
     from tqdm import tqdm
+
+    from specwise.bench.faults import FAULTS, run_faults
+    from specwise.bench.runner import NEAR_TIE_FACTOR
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)
+    opts.logprobs = opts.logprobs or alone
     workers, setting = opts.concurrency[0], opts.settings()[0]
     picks = itertools.count()
     counts = {"answered": 0, "failed": 0}
     lock = threading.Lock()
+    errors: dict[str, int] = {}
+    checks: list[dict] = []
+    faults: list[dict] = []
+    refs: dict[int, list[dict]] = {}
+    if alone:
+        with server_client(setting.url, opts) as client:
+            for p in tqdm(range(len(opts.prompts)), desc="alone", unit="prompt", file=sys.stderr):
+                r = one_request(client, opts, opts.prompts[p], setting.k)
+                if "error" not in r:
+                    refs[p] = r["logprobs"]
     t0 = time.perf_counter()
+    done = threading.Event()
 
     def work(client: httpx.Client, log) -> None:
         while time.perf_counter() - t0 < seconds:
             p = next(picks) % len(opts.prompts)
             r = one_request(client, opts, opts.prompts[p], setting.k)
             r.pop("progress", None)
+            got = r.pop("logprobs", None)
+            if p in refs and got is not None and "error" not in r:
+                r["alone"] = alone_check(refs[p], got)
             with lock:
                 counts["failed" if "error" in r else "answered"] += 1
+                if "error" in r:
+                    errors[r["error"]] = errors.get(r["error"], 0) + 1
+                if "alone" in r:
+                    checks.append(r["alone"])
                 row = {"prompt": p, "k": setting.k, **r}
                 log.write(json.dumps(row, separators=(",", ":")) + "\n")
                 log.flush()
+
+    def inject() -> None:
+        rng = random.Random(opts.seed)
+        n = 1
+        while not done.wait(max(0.0, t0 + n * fault_every - time.perf_counter())):
+            out = run_faults(setting.url, opts.api_key, [rng.choice(list(FAULTS))], rng)[0]
+            with lock:
+                faults.append({"at_s": time.perf_counter() - t0, **out})
+            n = max(n + 1, math.ceil((time.perf_counter() - t0) / fault_every))
 
     samples: list[dict] = []
 
     def sample(root: httpx.Client) -> None:
         with lock:
-            row = {"seconds": time.perf_counter() - t0, **counts}
+            row = {"seconds": time.perf_counter() - t0, **counts, "faults": len(faults)}
         samples.append({**row, "health": _health(root)})
 
     with (
         server_client(setting.url, opts) as client,
         server_client(setting.url, opts, api=False) as root,
         (opts.out / "requests.jsonl").open("w") as log,
-        ThreadPoolExecutor(workers) as pool,
+        ThreadPoolExecutor(workers + 1) as pool,
         tqdm(total=round(seconds), desc="soak", unit="s", file=sys.stderr) as bar,
     ):
         futures = [pool.submit(work, client, log) for _ in range(workers)]
+        injector = pool.submit(inject) if fault_every else None
         sample(root)
         while not all(f.done() for f in futures):
             wait(futures, max(0.0, samples[-1]["seconds"] + every - (time.perf_counter() - t0)))
             sample(root)
             bar.n = min(round(samples[-1]["seconds"]), bar.total)
-            bar.set_postfix_str(f"{counts['answered']} answered, {counts['failed']} failed")
-        for f in futures:
+            bar.set_postfix_str(
+                f"{counts['answered']} answered, {counts['failed']} failed, {len(faults)} faults"
+            )
+        done.set()
+        for f in [*futures, *([injector] if injector else [])]:
             f.result()
-    lines = soak_table(samples)
+        if fault_every:  # the last fault may have left work behind: a sample once idle
+            _settle(root)
+            sample(root)
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
         "url": setting.url,
@@ -622,11 +727,89 @@ def run_soak(opts: LoadOptions, seconds: float, every: float, stream=None) -> li
         "k": setting.k,
         "seconds": seconds,
         "samples": samples,
+        "errors": errors,
+        "faults": faults,
+        "alone": near_ties(checks, NEAR_TIE_FACTOR) if alone else None,
     }
+    result["checks"] = soak_checks(result)
+    lines = [*soak_table(samples), "", *soak_verdict(result)]
     (opts.out / "soak.json").write_text(json.dumps(result, indent=1))
     (opts.out / "soak.md").write_text(
         f"# specwise soak\n\nCommand: `{result['command']}`\n\n" + "\n".join(lines) + "\n"
     )
     print("\n".join(lines), file=stream)
     print(f"\nreport: {opts.out / 'soak.md'}", file=stream)
-    return samples
+    return result
+
+
+def _settle(root: httpx.Client, timeout_s: float = 15.0) -> None:
+    """Wait (up to timeout_s) until /health says nothing is running, prefilling or queued."""
+    end = time.perf_counter() + timeout_s
+    while time.perf_counter() < end:
+        h = _health(root)
+        if not any(h.get(key) for key in ("running", "prefilling", "queued")):
+            return
+        time.sleep(0.2)
+
+
+def soak_checks(result: dict) -> list[dict]:
+    """Each criterion of a soak, what was measured and whether it passed (module docstring of
+    `run_soak`); a criterion the server or the run gave nothing to judge by is left out."""
+    out = []
+
+    def check(name: str, measured: str, ok: bool) -> None:
+        out.append({"check": name, "measured": measured, "ok": ok})
+
+    five = {e: n for e, n in result["errors"].items() if e.startswith("HTTP 5")}
+    five_faults = [f for f in result["faults"] if (f.get("status") or 0) >= 500]
+    check(
+        "no 5xx",
+        f"{sum(five.values())} requests and {len(five_faults)} faults answered 5xx",
+        not five and not five_faults,
+    )
+    if result["faults"]:
+        bad = [f"{f['fault']}: {f['detail']}" for f in result["faults"] if not f["ok"]]
+        check(
+            "every fault taken as required",
+            f"{len(result['faults']) - len(bad)} of {len(result['faults'])}"
+            + (f" (not: {'; '.join(bad[:3])})" if bad else ""),
+            not bad,
+        )
+    last = result["samples"][-1]["health"]
+    check("the server answers /health at the end", "yes" if last else "no", bool(last))
+    idle = {
+        key: last[key] for key in ("running", "prefilling", "queued", "sequences") if key in last
+    }
+    if idle:
+        measured = ", ".join(f"{key} {v:g}" for key, v in idle.items())
+        check("nothing left running or holding cache", measured, not any(idle.values()))
+    rss = [
+        (s["seconds"], s["health"]["rss_mb"]) for s in result["samples"] if "rss_mb" in s["health"]
+    ]
+    after = [mb for t, mb in rss if t >= result["seconds"] / 4]
+    if len(after) >= 2:
+        growth = after[-1] / after[0] - 1
+        check(
+            "resident memory grows < 5% after the first quarter",
+            f"{100 * growth:+.1f}%",
+            growth < 0.05,
+        )
+    if result["alone"] is not None:
+        a = result["alone"]
+        check(
+            "greedy answers as alone, or parted at near-ties",
+            f"{a['matched']} of {a['answers']} as alone; {a['diverged']} parted, "
+            f"{a['at_near_ties']} at near-ties (top-2 gap <= {a['factor']:g} x noise "
+            f"{a['noise']:.3g})",
+            a["answers"] > 0 and a["at_near_ties"] == a["diverged"],
+        )
+    return out
+
+
+def soak_verdict(result: dict) -> list[str]:
+    """The soak's checks for people, one line each, and the overall verdict."""
+    lines = [
+        f"{'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {c['measured']}" for c in result["checks"]
+    ]
+    ok = all(c["ok"] for c in result["checks"])
+    return [*lines, f"soak: {'passed' if ok else 'FAILED'}"]
