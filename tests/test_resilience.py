@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from specwise.bench.faults import FAULTS, error_problem, run_faults
 from specwise.server import protocol
 from specwise.server.app import create_app
-from test_server import MODEL, PROMPTS, free_port, make_engine
+from test_server import MODEL, PROMPTS, make_engine, serving
 
 BODY_LIMIT = 64 << 10
 RSS_SLACK_MB = 64.0  # what the faults and the fuzzing may add to the server's memory
@@ -59,21 +59,10 @@ def test_a_number_too_large_for_a_float_is_refused_by_name(field, value):
 def server(smollm2_path):
     """A server with small limits (a batch of 2, a queue of 2, 64 KiB bodies), so that the
     faults reach them quickly: (its URL, its engine)."""
-    import uvicorn
-
     engine = make_engine(smollm2_path)
     app = create_app(engine, MODEL, max_batch=2, max_queue=2, max_body_bytes=BODY_LIMIT)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not srv.started:
-        assert time.time() < deadline, "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with serving(app) as url:
+        yield url, engine
 
 
 def greedy(url: str, prompt: str) -> str | None:

@@ -86,3 +86,26 @@ def test_the_measuring_scripts_run_on_the_smallest_model(smollm2_path):
     assert len(out.splitlines()) == 3 and "first only" in out
     out = run("amx_curve.py", "auto", "--model", model, "--sizes", "1,2", "--repeats", "1")
     assert out.split()[0] in ("True", "False") and "1:" in out
+
+
+@pytest.mark.slow
+def test_the_soak_script_serves_loads_and_drains_a_server(smollm2_path, tmp_path, monkeypatch):
+    """`make soak` in a few seconds: a server of its own, faults beside the load, answers
+    checked against the same requests alone, and a clean exit on SIGTERM."""
+    import socket
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = run(
+        "soak.py",
+        *("--seconds", "4", "--clients", "2", "--faults", "1.5", "--max-tokens", "6"),
+        *("--sample-every", "1", "--port", str(port), "--out", str(tmp_path / "soak")),
+        *("--", "--target", str(smollm2_path), "--backend", "llama_cpp", "--max-batch", "2"),
+    )
+    assert "PASS  greedy answers as alone, or parted at near-ties" in out
+    assert "PASS  it drained and exited with 0 on SIGTERM (0)" in out
+    assert out.strip().splitlines()[-1] == "make soak: passed"
+    result = json.loads((tmp_path / "soak" / "soak.json").read_text())
+    assert result["faults"] and result["alone"]["answers"] > 0

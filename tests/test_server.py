@@ -3,6 +3,7 @@ client and raw HTTP, streaming and not, concurrency, cancellation, bad input, au
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -53,11 +54,11 @@ def engine(smollm2_path):
     return make_engine(smollm2_path)
 
 
-@pytest.fixture(scope="module")
-def server(engine):
+@contextlib.contextmanager
+def serving(app):
+    """The app served on a free loopback port from a thread, while the block runs: its URL."""
     import uvicorn
 
-    app = create_app(engine, MODEL, max_batch=4, max_queue=8)
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -66,9 +67,18 @@ def server(engine):
     while not srv.started:
         assert time.time() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app
-    srv.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    app = create_app(engine, MODEL, max_batch=4, max_queue=8)
+    with serving(app) as url:
+        yield url, app
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +248,9 @@ def local(engine):
         ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
         ({"prompt": "hi", "frequency_penalty": "x"}, 400, "frequency_penalty"),
         ({"prompt": "hi", "logit_bias": {"42": 5}}, 400, "logit_bias"),
+        ({"prompt": "hi", "echo": True}, 400, "echo"),
+        ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
+        ({"prompt": "hi", "suffix": "end"}, 400, "suffix"),
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "tools"),
         ({"prompt": "hi", "tool_choice": {"type": "function"}}, 400, "tool_choice"),

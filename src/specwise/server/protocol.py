@@ -2,13 +2,14 @@
 
 Every bad request becomes an `ApiError` with an HTTP status and an OpenAI-style body that names
 the offending field (`param`). A field that would change what the client gets and that this
-server does not implement (tools, a JSON response format, penalties, logit bias) is refused by
-name rather than ignored; fields that change nothing (`user`, zero penalties, ...)
-are accepted, and so are fields the API does not define (at the top or in a message), which
-are ignored, as vLLM does (OpenAI's own server refuses them). A chat message's content is a string or a list of text parts (joined by newlines);
-a `developer` message is a system message. Log-probabilities (`logprobs`; chat:
-`top_logprobs`) are the model's own at each emitted token (`sampling.token_logprobs`), in the
-chat or the legacy completions shape. This module holds no model, no queue and no HTTP server.
+server does not implement (tools, a JSON response format, penalties, logit bias; completions'
+echo, best_of, suffix) is refused by name rather than ignored; fields that change nothing
+(`user`, zero penalties, ...) are accepted, and so are fields the API does not define (at the
+top or in a message), which are ignored, as vLLM does (OpenAI's own server refuses them). A
+chat message's content is a string or a list of text parts (joined by newlines); a `developer`
+message is a system message. Log-probabilities (`logprobs`; chat: `top_logprobs`) are the
+model's own at each emitted token (`sampling.token_logprobs`), in the chat or the legacy
+completions shape. This module holds no model, no queue and no HTTP server.
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ def _refuse_unimplemented(body: dict, chat: bool) -> None:
             raise _bad(field, f"'{field}' other than 0 is not supported by this server")
     if body.get("logit_bias"):
         raise _bad("logit_bias", "'logit_bias' is not supported by this server")
+    if not chat:
+        if body.get("echo"):
+            raise _bad("echo", "'echo' (the prompt in the answer) is not supported by this server")
+        if _number(body, "best_of", 1, int, 1, None) != 1:
+            raise _bad("best_of", "'best_of' other than 1 is not supported by this server")
+        if body.get("suffix"):
+            raise _bad("suffix", "'suffix' (insertion) is not supported by this server")
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
