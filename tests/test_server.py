@@ -597,7 +597,7 @@ def test_a_soak_with_faults_checks_its_answers_against_the_same_requests_alone(
     assert "PASS  greedy answers as alone, or parted at near-ties:" in out
     assert out.strip().splitlines()[-1].startswith("report: ")
     rows = [json.loads(x) for x in (tmp_path / "soak" / "requests.jsonl").read_text().splitlines()]
-    assert all("logprobs" not in r for r in rows) and any("alone" in r for r in rows)
+    assert rows and all("logprobs" not in r for r in rows)  # the answers are not logged whole
 
 
 def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypatch):

@@ -812,8 +812,8 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument(
         "--alone",
         action="store_true",
-        help="with --soak: run every prompt alone first, then check each greedy answer against "
-        "it (equal, or parted at a near-tie, judged by the answers' log-probabilities)",
+        help="with --soak: afterwards run the first 12 prompts alone and check the soak's greedy "
+        "answers to them (equal, or parted at a near-tie, judged by their log-probabilities)",
     )
     bl.add_argument("--out", help="output folder (default bench-results/<timestamp>-load)")
     b.set_defaults(func=cmd_bench)

@@ -612,6 +612,9 @@ def soak_table(samples: list[dict]) -> list[str]:
     return out
 
 
+ALONE_PROMPTS = 12  # prompts whose soak answers are checked against the prompt alone
+
+
 def run_soak(
     opts: LoadOptions,
     seconds: float,
@@ -628,9 +631,9 @@ def run_soak(
     (a specwise server: its resident memory, the sequences holding cache, the size of the
     suffix drafter's memory).
     fault_every: also one fault of `bench.faults` (picked at random, seeded) every so many
-    seconds, beside the load. alone: first run every prompt alone, then compare each greedy
-    answer of the soak with its prompt's (`alone_check`, `near_ties`; answers carry their
-    log-probabilities).
+    seconds, beside the load. alone: once the soak is over, run each of the first
+    ALONE_PROMPTS prompts alone (the server idle) and compare the soak's greedy answers to
+    them with it (`alone_check`, `near_ties`; answers carry their log-probabilities).
     Returns the soak's result: the samples, the faults' outcomes, and `checks`, each criterion
     with what was measured and whether it passed: no 5xx, every fault taken as required,
     nothing left running or holding cache once idle, resident memory grown < 5% after the
@@ -653,13 +656,7 @@ def run_soak(
     errors: dict[str, int] = {}
     checks: list[dict] = []
     faults: list[dict] = []
-    refs: dict[int, list[dict]] = {}
-    if alone:
-        with server_client(setting.url, opts) as client:
-            for p in tqdm(range(len(opts.prompts)), desc="alone", unit="prompt", file=sys.stderr):
-                r = one_request(client, opts, opts.prompts[p], setting.k)
-                if "error" not in r:
-                    refs[p] = r["logprobs"]
+    answers: dict[int, list[list[dict]]] = {}  # prompt -> its greedy answers' entries
     t0 = time.perf_counter()
     done = threading.Event()
 
@@ -669,14 +666,12 @@ def run_soak(
             r = one_request(client, opts, opts.prompts[p], setting.k)
             r.pop("progress", None)
             got = r.pop("logprobs", None)
-            if p in refs and got is not None and "error" not in r:
-                r["alone"] = alone_check(refs[p], got)
             with lock:
                 counts["failed" if "error" in r else "answered"] += 1
                 if "error" in r:
                     errors[r["error"]] = errors.get(r["error"], 0) + 1
-                if "alone" in r:
-                    checks.append(r["alone"])
+                elif alone and p < ALONE_PROMPTS and got is not None:
+                    answers.setdefault(p, []).append(got)
                 row = {"prompt": p, "k": setting.k, **r}
                 log.write(json.dumps(row, separators=(",", ":")) + "\n")
                 log.flush()
@@ -720,6 +715,10 @@ def run_soak(
         if fault_every:  # the last fault may have left work behind: a sample once idle
             _settle(root)
             sample(root)
+        for p in tqdm(sorted(answers), desc="alone", unit="prompt", file=sys.stderr):
+            ref = one_request(client, opts, opts.prompts[p], setting.k)  # on an idle server
+            if "error" not in ref:
+                checks += [alone_check(ref["logprobs"], got) for got in answers[p]]
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
         "url": setting.url,
