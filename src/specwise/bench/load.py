@@ -613,6 +613,7 @@ def soak_table(samples: list[dict]) -> list[str]:
 
 
 ALONE_PROMPTS = 12  # prompts whose soak answers are checked against the prompt alone
+RETRY_AFTER_S = 1.0  # a soak worker's wait after a 429 (specwise's Retry-After)
 
 
 def run_soak(
@@ -675,6 +676,8 @@ def run_soak(
                 row = {"prompt": p, "k": setting.k, **r}
                 log.write(json.dumps(row, separators=(",", ":")) + "\n")
                 log.flush()
+            if r.get("error") == "HTTP 429":  # the server is full: retry after a while, as told
+                time.sleep(RETRY_AFTER_S)
 
     def inject() -> None:
         rng = random.Random(opts.seed)
