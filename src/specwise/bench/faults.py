@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import random
 import re
 import socket
@@ -477,7 +476,7 @@ def unknown_fields(client: httpx.Client, rng: random.Random):
     without them, or (outside exact mode, where other load batched with each request differs)
     parts from it only at a near-tie, judged by the two answers' log-probabilities as a soak
     judges its answers (`bench.load.alone_check`)."""
-    from specwise.bench.load import alone_check
+    from specwise.bench.load import alone_check, near_ties
     from specwise.bench.runner import NEAR_TIE_FACTOR
 
     prompt = rng.choice(["Name three colours.", "Say hello in French.", "What is 2 + 2?"])
@@ -493,9 +492,9 @@ def unknown_fields(client: httpx.Client, rng: random.Random):
     if texts[0] == texts[1]:
         return 200, [], "accepted and ignored: the same greedy answer as without them"
     entries = [(c.get("logprobs") or {}).get("content") for c in choices]
-    parted = alone_check(*entries) if all(entries) else {"noise": 0.0}
-    if parted.get("top2_gap", math.inf) <= NEAR_TIE_FACTOR * parted["noise"]:
-        return 200, [], f"accepted and ignored: parted at a near-tie ({parted})"
+    judged = near_ties([alone_check(*entries)], NEAR_TIE_FACTOR) if all(entries) else None
+    if judged is not None and judged["diverged"] == judged["at_near_ties"] == 1:
+        return 200, [], f"accepted and ignored: parted at a near-tie ({judged})"
     return 200, [f"the unknown fields changed the answer: {texts[0]!r} vs {texts[1]!r}"], ""
 
 
