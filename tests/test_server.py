@@ -222,6 +222,30 @@ def test_metrics_parse(server):
     } <= names
 
 
+def test_the_speculative_counters_agree_with_the_answers(server):
+    """/metrics' counts, read as `bench engines` reads every engine's (`engines.counters`),
+    move by what the answers report: proposed and accepted tokens, by position."""
+    from specwise.engines.counters import read
+
+    def counts():
+        return read(httpx.get(server[0] + "/metrics").text, "specwise")
+
+    before = counts()
+    answers = [
+        httpx.post(
+            server[0] + "/v1/completions",
+            json=greedy(p, speculative={"k": 3, "drafter": "model"}),
+            timeout=120,
+        ).json()["speculative"]
+        for p in PROMPTS[:2]
+    ]
+    run = counts().minus(before) if before else counts()
+    assert run.proposed == sum(a["proposed"] for a in answers) > 0
+    assert run.accepted == sum(a["accepted"] for a in answers) == sum(run.accepted_at)
+    assert 0 < run.drafts <= sum(a["rounds"] for a in answers)
+    assert run.figures()["mean_draft_length"] <= 3
+
+
 @pytest.fixture(scope="module")
 def local(engine):
     with TestClient(create_app(engine, MODEL, max_batch=2, max_queue=4, max_body_bytes=4096)) as c:

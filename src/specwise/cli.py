@@ -304,6 +304,94 @@ def _bench_load(a: argparse.Namespace) -> int:
     return 0 if all(c["ok"] for c in result["checks"]) else 1
 
 
+def _bench_engines(a: argparse.Namespace) -> int:
+    from specwise.bench.engines import ENGINES, EnginesOptions, run_engines
+    from specwise.bench.session import default_out
+    from specwise.bench.workloads import builtin, interleaved, load_jsonl
+    from specwise.engines.llama_server import MODES
+    from specwise.models import CATALOG, PAIRS
+
+    if a.pair not in PAIRS:
+        raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
+    target, draft = a.target or PAIRS[a.pair].target, a.draft or PAIRS[a.pair].draft
+    for flag, name in (("--target", target), ("--draft", draft)):
+        if name not in CATALOG:
+            raise UsageError(
+                f"{flag} {name!r} is not a catalog model; use one of {', '.join(CATALOG)}"
+            )
+    unknown = [e for e in a.engines if e not in ENGINES]
+    if unknown or not a.engines:
+        raise UsageError(
+            f"--engines {','.join(a.engines)!r} is invalid; use some of {', '.join(ENGINES)} "
+            "(and --url NAME=URL for servers already running)"
+        )
+    modes = a.llama_server_modes or list(MODES)
+    if [m for m in modes if m not in MODES] or "none" not in modes:
+        raise UsageError(
+            f"--llama-server-modes {','.join(modes)!r} is invalid; use some of "
+            f"{', '.join(MODES)}, 'none' among them (the baseline)"
+        )
+    for flag, n in (("--requests", a.requests), ("--rounds", a.rounds), ("--limit", a.limit)):
+        if n is not None and n < 1:
+            raise UsageError(f"{flag} {n} is invalid; use an integer >= 1")
+    if not a.concurrency or min(a.concurrency) < 1:
+        raise UsageError("--concurrency needs integers >= 1, e.g. 1,2,4")
+    if a.max_tokens < 1:
+        raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 1")
+    ks = a.k or ["auto", 0]
+    if "specwise" in a.engines and 0 not in ks:
+        raise UsageError(f"--k {a.k} needs 0 among its values (specwise's own plain decoding)")
+    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    if a.limit is not None:
+        from specwise.bench.session import pick
+
+        prompts = pick(prompts, a.limit)
+    opts = EnginesOptions(
+        target=target,
+        draft=draft,
+        pair=a.pair if (target, draft) == (PAIRS[a.pair].target, PAIRS[a.pair].draft) else None,
+        engines=a.engines,
+        prompts=[p.turns[0] for p in interleaved(prompts)],
+        out=Path(a.out) if a.out else default_out("-engines"),
+        concurrency=a.concurrency,
+        ks=sorted(ks, key=lambda k: k == 0),
+        modes=modes,
+        urls=_servers(a.url) if a.url else {},
+        requests=a.requests,
+        rounds=a.rounds,
+        max_tokens=a.max_tokens,
+        backend=a.backend,
+        api_key=a.api_key,
+    )
+    run_engines(opts)
+    return 0
+
+
+def cmd_recommend(a: argparse.Namespace) -> int:
+    from specwise.engines.configs import recommend
+
+    path = Path(a.run) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UsageError(
+            f"{a.run!r} has no readable summary.json; give the folder of a "
+            "`specwise bench engines` run"
+        ) from None
+    if "comparisons" not in summary:
+        raise UsageError(f"{a.run!r} is not a `specwise bench engines` run (no comparisons)")
+    level = str(a.concurrency) if a.concurrency is not None else None
+    out = recommend(summary, a.engine, level)
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(out["text"])
+    if "note" in out:
+        print(out["note"])
+    print(out["command"])
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from specwise.bench.runner import Options
     from specwise.bench.session import default_out, pick, run_bench
@@ -311,6 +399,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     if a.bench_command == "load":
         return _bench_load(a)
+    if a.bench_command == "engines":
+        return _bench_engines(a)
     if a.bench_command == "steps":
         from specwise.bench.steps import table
 
@@ -742,6 +832,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens added to that memory, a request's worth at a time (40M)",
     )
     bs.add_argument("--out", help="output folder (default bench-results/<timestamp>-suffix)")
+    be = bsub.add_parser(
+        "engines",
+        help="specwise and llama-server side by side on the same files and prompts, "
+        "speculation on and off",
+    )
+    be.add_argument("--pair", default="qwen-coder", help="the model pair (qwen-coder)")
+    be.add_argument("--target", help="a catalog model instead of the pair's target")
+    be.add_argument("--draft", help="a catalog model instead of the pair's draft")
+    be.add_argument(
+        "--engines",
+        type=_csv(str, "names"),
+        default=["specwise", "llama-server"],
+        help="engines to start: specwise, llama-server (default both; llama-server needs "
+        "`make external`)",
+    )
+    be.add_argument(
+        "--url",
+        help="servers already running, used as they are, as NAME=URL,NAME=URL (beside the "
+        "engines started)",
+    )
+    be.add_argument(
+        "--llama-server-modes",
+        type=_csv(str, "names"),
+        help="llama-server's speculative modes (default: none,ngram-simple,ngram-map-k,"
+        "ngram-mod,draft)",
+    )
+    be.add_argument(
+        "--k",
+        type=_csv(_k, "k values"),
+        help="specwise's speculative.k per request, 0 among them (default auto,0)",
+    )
+    be.add_argument(
+        "--backend", choices=["auto", *BACKENDS], help="specwise serve's --backend (auto)"
+    )
+    be.add_argument(
+        "--concurrency",
+        type=_csv(int, "integers"),
+        default=[1, 2, 4],
+        help="requests in flight, one level each (default 1,2,4)",
+    )
+    be.add_argument("--requests", type=int, default=8, help="requests per level and round (8)")
+    be.add_argument(
+        "--rounds", type=int, default=2, help="each level's settings this many times (2)"
+    )
+    be.add_argument("--prompts", help="a JSONL file of prompts (default: the shipped ones)")
+    be.add_argument("--categories", type=_csv(str, "names"), help="shipped categories to use")
+    be.add_argument("--limit", type=int, help="prompts per category")
+    be.add_argument("--max-tokens", type=int, default=96, help="new tokens per request (96)")
+    be.add_argument("--api-key", help="for the servers given by --url")
+    be.add_argument("--out", help="output folder (default bench-results/<timestamp>-engines)")
     bl = bsub.add_parser("load", help="load-test any OpenAI-compatible server")
     bl.add_argument(
         "--url",
@@ -817,6 +957,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bl.add_argument("--out", help="output folder (default bench-results/<timestamp>-load)")
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser(
+        "recommend",
+        help="from a `bench engines` run: the speculative settings that were best, for "
+        "another engine",
+    )
+    r.add_argument("run", help="the run's folder (its --out)")
+    r.add_argument(
+        "--for",
+        dest="engine",
+        required=True,
+        choices=["llama-server", "vllm", "sglang"],
+        help="the engine to write settings for",
+    )
+    r.add_argument(
+        "--concurrency", type=int, help="requests in flight to recommend for (the run's first)"
+    )
+    r.add_argument("--json", action="store_true", help="the recommendation as JSON")
+    r.set_defaults(func=cmd_recommend)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     _model_args(s)

@@ -39,19 +39,24 @@ Talks HTTP only; it knows nothing of specwise's internals.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import json
 import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
+
+if TYPE_CHECKING:
+    from specwise.engines.counters import Counters
 
 __all__ = ["Level", "LoadOptions", "Slo", "one_request", "run_load", "run_soak", "server_client"]
 
@@ -103,6 +108,9 @@ class LoadOptions:
     logprobs: bool = False  # ask each token's log-probability and top 2 (`alone_check`)
     slo: Slo = field(default_factory=Slo)
     seed: int = 0  # of the open loop's arrival times
+    only: list[Setting] | None = None  # these settings instead of every server with every k
+    # a server's speculative counters now (`engines.counters`), read before and after each run
+    counters: Callable[[str], Counters | None] | None = None
 
     def levels(self) -> list[Level]:
         if self.rates:
@@ -110,7 +118,9 @@ class LoadOptions:
         return [Level(concurrency=c) for c in self.concurrency]
 
     def settings(self) -> list[Setting]:
-        """Every server with every k, in that order."""
+        """`only`, else every server with every k, in that order."""
+        if self.only is not None:
+            return list(self.only)
         return [Setting(url, k, name) for name, url in self.urls.items() for k in self.ks]
 
 
@@ -124,8 +134,9 @@ class Setting:
 
     @property
     def label(self) -> str:
-        k = "server default" if self.k is None else f"k={self.k}"
-        return f"{self.name} {k}" if self.name else k
+        if self.k is None:
+            return self.name or "server default"
+        return f"{self.name} k={self.k}" if self.name else f"k={self.k}"
 
 
 def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
@@ -149,6 +160,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
     t0 = time.perf_counter()
     first = None
     tokens = chunks = 0
+    prompt_tokens = None
     logprobs: list[dict] = []  # the answer's tokens: {token, logprob, top_logprobs}
     timeline: list[tuple[float, int | None]] = []  # (time, completion tokens so far) by chunk
     try:
@@ -158,6 +170,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
                 return {"error": f"HTTP {r.status_code}", "latency_s": time.perf_counter() - t0}
             answer = r.json()
             tokens = answer.get("usage", {}).get("completion_tokens", 0)
+            prompt_tokens = answer.get("usage", {}).get("prompt_tokens")
             for ch in answer.get("choices", []):
                 logprobs += (ch.get("logprobs") or {}).get("content") or []
         else:
@@ -170,6 +183,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
                     obj = json.loads(line[6:])
                     if obj.get("usage"):
                         tokens = obj["usage"].get("completion_tokens", tokens)
+                        prompt_tokens = obj["usage"].get("prompt_tokens", prompt_tokens)
                     for ch in obj.get("choices", []):
                         logprobs += (ch.get("logprobs") or {}).get("content") or []
                         if (ch.get("delta") or {}).get("content"):
@@ -189,6 +203,7 @@ def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict
         "end": end,
         "latency_s": end - t0,
         "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
         "ttft_s": None,
         "tpot_s": None,
         "continuation_tps": None,
@@ -526,7 +541,11 @@ def _table(opts: LoadOptions, levels: list[dict], ratios: list[dict]) -> list[st
     return lines
 
 
-def run_load(opts: LoadOptions, stream=None) -> list[dict]:
+def run_load(opts: LoadOptions, stream=None, json_line: bool = True) -> list[dict]:
+    """Every level with every setting (module docstring): prints the table, the report's path
+    and (`json_line`) the whole result as one JSON line; writes load.json, report.md,
+    requests.jsonl and the plots into `opts.out`. Returns the levels' statistics (with
+    `speculation`, the figures of the server's counters, where `opts.counters` reads some)."""
     from tqdm import tqdm
 
     stream = stream or sys.stdout
@@ -535,6 +554,7 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
     runs: dict[tuple[Level, Setting], list] = {
         (lv, x): [] for lv in opts.levels() for x in settings
     }
+    counted: dict[tuple[Level, Setting], list[Counters | None]] = {}
     with (
         tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar,
         (opts.out / "requests.jsonl").open("w") as log,
@@ -544,8 +564,13 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
                 for x in settings if i % 2 == 0 else settings[::-1]:
                     name = "rate" if level.rate is not None else "concurrency"
                     bar.set_postfix_str(f"{name} {level.label} {x.label} round {i + 1}")
+                    before = opts.counters(x.url) if opts.counters else None
                     results, wall = _run(opts, level, x, first=i * opts.requests, round_=i)
                     runs[(level, x)].append((results, wall))
+                    if opts.counters:  # what this run counted (None: nothing to read)
+                        after = opts.counters(x.url)  # (before: None where nothing had counted)
+                        run = after.minus(before) if before and after else after
+                        counted.setdefault((level, x), []).append(run)
                     for j, r in enumerate(results):
                         row = {"level": level.label, "concurrency": level.concurrency}
                         row |= {"rate": level.rate, "server": x.name, "k": x.k, "round": i + 1}
@@ -554,6 +579,10 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
                     log.flush()
                     bar.update(1)
     levels = [_level(lv, x, rs, opts.slo, opts.stream) for (lv, x), rs in runs.items()]
+    for lv, key in zip(levels, runs, strict=True):  # the counts of all its runs together
+        c = counted.get(key) or [None]
+        total = None if None in c else functools.reduce(lambda a, b: a.plus(b), c)
+        lv["speculation"] = total.figures() if total is not None and total.drafts else None
     ratios = _ratios(levels)
     table = "\n".join(_table(opts, levels, ratios))
     result = {
@@ -579,7 +608,8 @@ def run_load(opts: LoadOptions, stream=None) -> list[dict]:
         f"\nreport: {opts.out / 'report.md'} (plots: {', '.join(p.name for p in plots)})",
         file=stream,
     )
-    print(json.dumps(result, separators=(",", ":")), file=stream)
+    if json_line:
+        print(json.dumps(result, separators=(",", ":")), file=stream)
     return levels
 
 

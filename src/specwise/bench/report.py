@@ -40,7 +40,7 @@ from specwise.trace import (
     tree_figures,
 )
 
-__all__ = ["Report", "against_hindsight", "build", "by_request"]
+__all__ = ["Report", "against_hindsight", "build", "by_request", "ratio_ci"]
 
 BOOTSTRAP = 2000
 SAMPLED_Z = 3.0  # |z| above this flags a sampled configuration's distribution
@@ -57,17 +57,23 @@ def _rate(records: list[dict], e2e: bool = False) -> float:
     return emitted / ms if ms else math.nan
 
 
-def _bootstrap(pairs: list[tuple[dict, dict]], seed: int = 0) -> tuple[float, float]:
-    """95% interval of the total speedup over prompts, resampling prompt pairs."""
-    if len(pairs) < 2:
+def ratio_ci(tokens: np.ndarray, times: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of (Σ tokens_a / Σ times_a) / (Σ tokens_b / Σ times_b) over
+    pairs, resampling pairs (rows; columns a, b); NaNs with fewer than 2 pairs."""
+    if len(tokens) < 2:
         return (math.nan, math.nan)
     rng = np.random.default_rng(seed)
-    e = np.array([[a["summary"]["emitted"], b["summary"]["emitted"]] for a, b in pairs], float)
-    t = np.array([[_decode_ms(a["summary"]), _decode_ms(b["summary"])] for a, b in pairs], float)
-    idx = rng.integers(0, len(pairs), size=(BOOTSTRAP, len(pairs)))
-    es, ts = e[idx].sum(axis=1), t[idx].sum(axis=1)  # [B, 2]
+    idx = rng.integers(0, len(tokens), size=(BOOTSTRAP, len(tokens)))
+    es, ts = tokens[idx].sum(axis=1), times[idx].sum(axis=1)  # [B, 2]
     ratios = (es[:, 0] / ts[:, 0]) / (es[:, 1] / ts[:, 1])
     return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def _bootstrap(pairs: list[tuple[dict, dict]], seed: int = 0) -> tuple[float, float]:
+    """95% interval of the total speedup over prompts, resampling prompt pairs."""
+    e = np.array([[a["summary"]["emitted"], b["summary"]["emitted"]] for a, b in pairs], float)
+    t = np.array([[_decode_ms(a["summary"]), _decode_ms(b["summary"])] for a, b in pairs], float)
+    return ratio_ci(e, t, seed)
 
 
 def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -> dict[str, Any]:

@@ -38,6 +38,9 @@ class Metrics:
         self.accepted = Counter(
             "specwise_accepted_tokens", "Draft tokens accepted", ["drafter"], registry=r
         )
+        self.drafts = Counter(
+            "specwise_drafts", "Rounds that verified a draft", ["drafter"], registry=r
+        )
         self.accepted_at = Counter(
             "specwise_accepted_by_position",
             "Accepted draft tokens by draft position",
@@ -57,6 +60,7 @@ class Metrics:
         if rt.proposed:
             self.proposed.labels(name).inc(rt.proposed)
             self.accepted.labels(name).inc(rt.accepted)
+            self.drafts.labels(name).inc()
             for i in range(rt.accepted):
                 self.accepted_at.labels(name, str(i)).inc()
         if rt.emitted and not first:
