@@ -696,7 +696,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     )
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
-        f"(k={engine.k}, drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
+        f"(backend {engine.target.info.backend}, k={engine.k}, "
+        f"drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
         file=sys.stderr,
     )
     # uvicorn drains on SIGTERM, then raises the signal again as it returns: leave through

@@ -43,7 +43,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BackendInfo:
-    backend: str  # "torch" or "llama_cpp"
+    backend: str  # "torch", "llama_cpp" or "ik_llama"
     model: str  # where the weights came from (path, catalog name or "in-memory")
     threads: int | None
     fingerprint: str  # identifies the weights; keys cached measurements

@@ -51,7 +51,7 @@ DEFAULT_LIMITS = {
     "max_queue": 64,
     "max_body_bytes": 4 << 20,
 }
-REQUEST_S = 15.0  # the longest a request that must be answered may take
+REQUEST_S = 15.0  # the longest a request that must be answered may take (default patience)
 CANCEL_S = 3.0  # the longest a left request may take to be cancelled
 GIVE_UP_S = 0.5  # how long a client that gives up waits for its answer
 SLOW_S = 2.5  # how long a slow client crawls before it gives up
@@ -113,8 +113,8 @@ class Bad:
 def _send(client: httpx.Client, bad: Bad) -> httpx.Response:
     if isinstance(bad.body, bytes):
         headers = {"content-type": "application/json"}
-        return client.post(bad.path, content=bad.body, headers=headers, timeout=REQUEST_S)
-    return client.post(bad.path, json=bad.body, timeout=REQUEST_S)
+        return client.post(bad.path, content=bad.body, headers=headers)
+    return client.post(bad.path, json=bad.body)
 
 
 def _refusals(client: httpx.Client, cases: Sequence[Bad]) -> tuple[int | None, list[str], str]:
@@ -135,7 +135,7 @@ def _refusals(client: httpx.Client, cases: Sequence[Bad]) -> tuple[int | None, l
 def limits(client: httpx.Client) -> dict[str, int]:
     """The limits the server's /health reports (specwise: "limits"), the defaults for the rest."""
     try:
-        reported = client.get("/health", timeout=REQUEST_S).json().get("limits", {})
+        reported = client.get("/health").json().get("limits", {})
     except (httpx.HTTPError, ValueError, AttributeError):
         reported = {}
     return {key: int(reported.get(key, v)) for key, v in DEFAULT_LIMITS.items()}
@@ -144,7 +144,7 @@ def limits(client: httpx.Client) -> dict[str, int]:
 def _healthy(client: httpx.Client) -> str | None:
     """None if /health answers 200, else the problem."""
     try:
-        r = client.get("/health", timeout=REQUEST_S)
+        r = client.get("/health")
     except httpx.HTTPError as exc:
         return f"/health did not answer: {type(exc).__name__}: {exc}"
     return None if r.status_code == 200 else f"/health answered {r.status_code}"
@@ -154,7 +154,7 @@ def _cancelled(client: httpx.Client) -> float | None:
     """Requests the server has cancelled so far (specwise's /metrics), None where it has no such
     count."""
     try:
-        r = client.get("/metrics", timeout=REQUEST_S)
+        r = client.get("/metrics")
     except httpx.HTTPError:
         return None
     if r.status_code != 200 or "specwise_requests" not in r.text:
@@ -178,11 +178,13 @@ def _cancel_problem(client: httpx.Client, before: float | None) -> str | None:
 
 
 def _served(
-    client: httpx.Client, path: str, body: dict, stream: bool = False, timeout: Any = REQUEST_S
+    client: httpx.Client, path: str, body: dict, stream: bool = False, timeout: Any = None
 ) -> httpx.Response:
     """Send a request the server should serve, waiting out 429s (a queue kept full by other
-    load) for up to REQUEST_S. With `stream` the response is open: the caller closes it."""
-    deadline = time.monotonic() + REQUEST_S
+    load) for up to the client's patience. With `stream` the response is open: the caller
+    closes it. timeout: this request's, if not the client's."""
+    deadline = time.monotonic() + patience(client)
+    timeout = client.timeout if timeout is None else timeout
     while True:
         request = client.build_request("POST", path, json=body, timeout=timeout)
         r = client.send(request, stream=stream)
@@ -192,10 +194,17 @@ def _served(
         time.sleep(0.25)
 
 
-def _connect(client: httpx.Client, timeout: float = REQUEST_S) -> socket.socket:
-    """A raw connection to the server, for what httpx does not do (crawl, leave a body open)."""
+def _connect(client: httpx.Client, timeout: float | None = None) -> socket.socket:
+    """A raw connection to the server, for what httpx does not do (crawl, leave a body open);
+    timeout: its sockets', if not the client's patience."""
     url = client.base_url
+    timeout = patience(client) if timeout is None else timeout
     return socket.create_connection((url.host, url.port or 80), timeout=timeout)
+
+
+def patience(client: httpx.Client) -> float:
+    """How long a request that must be answered may take: the client's read timeout."""
+    return client.timeout.read or REQUEST_S
 
 
 def _head(client: httpx.Client, length: int | None) -> bytes:
@@ -303,7 +312,9 @@ def abandoned_request(client: httpx.Client, rng: random.Random):
     before = _cancelled(client)
     body = {"prompt": COUNTING, "max_tokens": cap, "temperature": 0}
     try:
-        r = _served(client, COMPLETIONS, body, timeout=httpx.Timeout(REQUEST_S, read=GIVE_UP_S))
+        r = _served(
+            client, COMPLETIONS, body, timeout=httpx.Timeout(patience(client), read=GIVE_UP_S)
+        )
     except httpx.ReadTimeout:
         problem = _cancel_problem(client, before)
         return None, [problem] if problem else [], f"gave up after {GIVE_UP_S:g} s; cancelled"
@@ -341,7 +352,7 @@ def oversized_body(client: httpx.Client, rng: random.Random):
     limit = limits(client)["max_body_bytes"]
     head = b'{"max_tokens": 4, "prompt": "'
     body = head + b"x" * (limit + 1 - len(head) - 2) + b'"}'
-    r = client.post(COMPLETIONS, content=body, timeout=REQUEST_S)
+    r = client.post(COMPLETIONS, content=body)
     problems = []
     if (problem := refusal_problem(r, 413, None)) is not None:
         problems.append(f"with a Content-Length: {problem}")
@@ -350,7 +361,7 @@ def oversized_body(client: httpx.Client, rng: random.Random):
     def chunks() -> Iterator[bytes]:
         yield from (body[i : i + piece] for i in range(0, len(body), piece))
 
-    chunked = client.post(COMPLETIONS, content=chunks(), timeout=REQUEST_S)
+    chunked = client.post(COMPLETIONS, content=chunks())
     if (problem := refusal_problem(chunked, 413, None)) is not None:
         problems.append(f"chunked: {problem}")
     with contextlib.closing(_connect(client, timeout=CANCEL_S)) as sock:
@@ -559,7 +570,7 @@ def burst(client: httpx.Client, rng: random.Random):
 
     with (
         httpx.Client(
-            base_url=client.base_url, headers=client.headers, timeout=REQUEST_S, limits=pool
+            base_url=client.base_url, headers=client.headers, timeout=client.timeout, limits=pool
         ) as crowd,
         ThreadPoolExecutor(n) as threads,
     ):
@@ -579,11 +590,12 @@ def burst(client: httpx.Client, rng: random.Random):
 
 
 # -- running them -------------------------------------------------------------------------------
-def client_for(url: str, api_key: str | None = None) -> httpx.Client:
-    """A client of the server at `url` (its root, or its /v1), with its API key if any."""
+def client_for(url: str, api_key: str | None = None, patience_s: float = REQUEST_S) -> httpx.Client:
+    """A client of the server at `url` (its root, or its /v1), with its API key if any, that
+    waits up to `patience_s` for what must be answered."""
     root = url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(base_url=root, headers=headers, timeout=REQUEST_S)
+    return httpx.Client(base_url=root, headers=headers, timeout=patience_s)
 
 
 def run_faults(
@@ -591,14 +603,17 @@ def run_faults(
     api_key: str | None = None,
     faults: Sequence[str] | None = None,
     rng: random.Random | None = None,
+    patience_s: float = REQUEST_S,
 ) -> list[dict[str, Any]]:
     """Run the named faults (None: every one, in the catalogue's order) one after another
     against the server at `url`; their outcomes, in order. `rng` (default: seeded with 0)
-    picks what varies: where a stream is left, the pace of a slow client, a burst's size."""
+    picks what varies: where a stream is left, the pace of a slow client, a burst's size.
+    patience_s: how long a request that must be answered may take (a loaded server answers
+    later: a soak scales it by the latency its own requests see)."""
     names = list(FAULTS) if faults is None else list(faults)
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         raise ValueError(f"unknown faults {unknown}; the faults are {', '.join(FAULTS)}")
     rng = random.Random(0) if rng is None else rng
-    with client_for(url, api_key) as client:
+    with client_for(url, api_key, patience_s) as client:
         return [FAULTS[name](client, rng) for name in names]

@@ -39,6 +39,7 @@ Talks HTTP only; it knows nothing of specwise's internals.
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import itertools
 import json
@@ -301,11 +302,16 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def server_client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client:
-    """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health)."""
+    """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health).
+    Every request opens its own connection: a kept-alive one that the server has just closed
+    (llama-server does, after some streamed answers) fails the next request at once."""
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     base = url.rstrip("/").removesuffix("/v1")
     return httpx.Client(
-        base_url=base + "/v1" if api else base, headers=headers, timeout=opts.timeout_s
+        base_url=base + "/v1" if api else base,
+        headers=headers,
+        timeout=opts.timeout_s,
+        limits=httpx.Limits(max_keepalive_connections=0),
     )
 
 
@@ -644,6 +650,8 @@ def soak_table(samples: list[dict]) -> list[str]:
 
 ALONE_PROMPTS = 12  # prompts whose soak answers are checked against the prompt alone
 RETRY_AFTER_S = 1.0  # a soak worker's wait after a 429 (specwise's Retry-After)
+# a fault that must be answered waits this many times the longest of the load's RECENT latencies
+PATIENCE_FACTOR, RECENT = 1.5, 32
 
 
 def run_soak(
@@ -662,7 +670,9 @@ def run_soak(
     (a specwise server: its resident memory, the sequences holding cache, the size of the
     suffix drafter's memory).
     fault_every: also one fault of `bench.faults` (picked at random, seeded) every so many
-    seconds, beside the load. alone: once the soak is over, run each of the first
+    seconds, beside the load; one that must be answered waits PATIENCE_FACTOR x the longest
+    latency of the load's last RECENT requests (at least `faults.REQUEST_S`), since it queues
+    behind them. alone: once the soak is over, run each of the first
     ALONE_PROMPTS prompts alone (the server idle) and compare the soak's greedy answers to
     them with it (`alone_check`, `near_ties`; answers carry their log-probabilities).
     Returns the soak's result: the samples, the faults' outcomes, and `checks`, each criterion
@@ -674,7 +684,7 @@ def run_soak(
 
     from tqdm import tqdm
 
-    from specwise.bench.faults import FAULTS, run_faults
+    from specwise.bench.faults import FAULTS, REQUEST_S, run_faults
     from specwise.bench.runner import NEAR_TIE_FACTOR
 
     stream = stream or sys.stdout
@@ -688,6 +698,7 @@ def run_soak(
     checks: list[dict] = []
     faults: list[dict] = []
     answers: dict[int, list[list[dict]]] = {}  # prompt -> its greedy answers' entries
+    recent: collections.deque[float] = collections.deque(maxlen=RECENT)  # latencies, seconds
     t0 = time.perf_counter()
     done = threading.Event()
 
@@ -699,6 +710,8 @@ def run_soak(
             got = r.pop("logprobs", None)
             with lock:
                 counts["failed" if "error" in r else "answered"] += 1
+                if "error" not in r:
+                    recent.append(r["latency_s"])
                 if "error" in r:
                     errors[r["error"]] = errors.get(r["error"], 0) + 1
                 elif alone and p < ALONE_PROMPTS and got is not None:
@@ -713,9 +726,12 @@ def run_soak(
         rng = random.Random(opts.seed)
         n = 1
         while not done.wait(max(0.0, t0 + n * fault_every - time.perf_counter())):
-            out = run_faults(setting.url, opts.api_key, [rng.choice(list(FAULTS))], rng)[0]
+            with lock:  # a fault's request waits in the same queue as the load's requests
+                patience = max(REQUEST_S, PATIENCE_FACTOR * max(recent, default=0.0))
+            name = rng.choice(list(FAULTS))
+            out = run_faults(setting.url, opts.api_key, [name], rng, patience_s=patience)[0]
             with lock:
-                faults.append({"at_s": time.perf_counter() - t0, **out})
+                faults.append({"at_s": time.perf_counter() - t0, "patience_s": patience, **out})
             n = max(n + 1, math.ceil((time.perf_counter() - t0) / fault_every))
 
     samples: list[dict] = []
