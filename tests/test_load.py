@@ -215,3 +215,29 @@ def test_a_soak_passes_only_when_every_check_does():
         "resident memory grows < 5% after the first quarter",
     }
     assert soak_verdict(result | {"checks": soak_checks(result)})[-1] == "soak: FAILED"
+
+
+def test_a_soaks_faults_wait_as_long_as_its_load_takes(monkeypatch, tmp_path):
+    """A fault that must be answered queues behind the soak's requests: its patience is
+    PATIENCE_FACTOR x the longest recent latency of the load (never below faults.REQUEST_S)."""
+    import io
+
+    from specwise.bench import faults
+
+    def one_request(client, opts, prompt, k):
+        load.time.sleep(0.05)
+        return {"latency_s": 20.0, "tokens": 1}
+
+    patience: list[float] = []
+
+    def run_faults(url, api_key, names, rng, patience_s):
+        patience.append(patience_s)
+        return [{"fault": names[0], "status": 200, "ok": True, "detail": "", "seconds": 0.0}]
+
+    monkeypatch.setattr(load, "one_request", one_request)
+    monkeypatch.setattr(faults, "run_faults", run_faults)
+    opts = LoadOptions({"": "http://127.0.0.1:9"}, [1], ["p"], [None], tmp_path)
+    result = load.run_soak(opts, seconds=0.8, every=0.4, stream=io.StringIO(), fault_every=0.2)
+    assert min(patience) >= faults.REQUEST_S
+    assert max(patience) == pytest.approx(load.PATIENCE_FACTOR * 20.0)
+    assert [f["patience_s"] for f in result["faults"]] == patience

@@ -4,7 +4,9 @@ with one yardstick (`bench.load`).
 
 Settings, in this order (the last is the baseline of every ratio):
 - specwise: one `specwise serve` of the pair (`--max-batch` the highest concurrency), its
-  requests sent with `speculative.k` = each of `ks` (default auto, then 0: plain);
+  requests sent with `speculative.k` = each of `ks` (default auto, then 0: plain), each k with
+  an API key of its own: a tenant, so what the suffix drafter remembers of one setting's
+  answers never drafts another's (every setting of a round sends the same prompts);
 - servers given by URL (`urls`, NAME=URL): as they run, nothing engine-specific sent;
 - llama-server: one server a mode (`engines.llama_server.MODES`), the speculative ones first
   and `none` (speculation off) last, each with the same slots and threads as specwise.
@@ -78,11 +80,13 @@ class Planned:
     mode: str | None = None
     command: list[str] | None = None
     url: str = ""
+    api_key: str | None = None
 
 
-def _specwise_command(opts: EnginesOptions, port: int) -> list[str]:
+def _specwise_command(opts: EnginesOptions, port: int, keys: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "specwise", "serve", "--target", opts.target]
     cmd += ["--draft", opts.draft, "--port", str(port), "--max-batch", str(max(opts.concurrency))]
+    cmd += [a for key in keys for a in ("--api-key", key)]
     return cmd + (["--backend", opts.backend] if opts.backend else [])
 
 
@@ -90,8 +94,12 @@ def plan(opts: EnginesOptions, files: dict[str, Path], binary: Path | None) -> l
     """The settings of the module docstring, with their commands (ports chosen now)."""
     out: list[Planned] = []
     if "specwise" in opts.engines:
-        cmd = _specwise_command(opts, free_port())
-        out += [Planned(f"specwise k={k}", "specwise", k == 0, k=k, command=cmd) for k in opts.ks]
+        keys = [f"specwise-k-{k}" for k in opts.ks]
+        cmd = _specwise_command(opts, free_port(), keys)
+        out += [
+            Planned(f"specwise k={k}", "specwise", k == 0, k=k, command=cmd, api_key=key)
+            for k, key in zip(opts.ks, keys, strict=True)
+        ]
     out += [Planned(name, name, False, url=url) for name, url in opts.urls.items()]
     if "llama-server" in opts.engines:
         threads = len(os.sched_getaffinity(0))
@@ -246,7 +254,7 @@ def run_engines(opts: EnginesOptions, stream=None) -> dict:
             p.url = urls[key]
         # labels as `planned`'s: "specwise k=auto", "llama-server ngram-mod", a URL's name
         settings = [
-            Setting(p.url, p.k, "specwise")
+            Setting(p.url, p.k, "specwise", api_key=p.api_key)
             if p.engine == "specwise"
             else Setting(p.url, None, p.label)
             for p in planned

@@ -17,7 +17,9 @@ folder, the level statistics to `load.json`. Settings of one level run back to b
 numbers are side by side; with `rounds` > 1 each level runs its settings that many times, in
 reversed order every other round (A B, B A, ...), so drift of the machine weighs on every
 setting alike, and the statistics pool all rounds (throughput: all tokens over all wall time;
-per-round throughputs kept). Each round sends the next N prompts of the list (wrapping round),
+per-round throughputs kept). Each round of each level sends the next N prompts of the list
+(wrapping round only once the list is used up: a server that caches prompts, or a drafter that
+remembers earlier answers, would otherwise meet the same request again in the next level),
 the same ones for every setting of the round; the CLI lists the prompts a category at a time in
 turn, so that any N of them mix the categories. With several settings, each is compared with
 the last one (e.g. `--k auto,0`: auto / 0) level by level. Several servers (e.g. one per
@@ -31,6 +33,9 @@ measures a service-level objective (`Slo`: TTFT and time per output token after 
 the share of requests that met it (a failed request did not) and the goodput, requests that
 met it per second of the level; per setting, the highest rate whose share still reached the
 objective's target and the first that did not (where the SLO breaks).
+Given `counters` (a reader of a server's speculative counters, `engines.counters`), each run
+reads them before and after, and every level gets the acceptance figures of what its runs
+counted (`speculation`); `bench engines` reads every engine's this way.
 A soak (`run_soak`) instead keeps one level busy for a given time and samples the server's
 /health as it goes (does its memory stay bounded?).
 Talks HTTP only; it knows nothing of specwise's internals.
@@ -132,6 +137,7 @@ class Setting:
     url: str
     k: int | str | None
     name: str = ""
+    api_key: str | None = None  # this setting's, if not the options' (a tenant of its own)
 
     @property
     def label(self) -> str:
@@ -301,11 +307,15 @@ def _pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
-def server_client(url: str, opts: LoadOptions, api: bool = True) -> httpx.Client:
-    """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health).
-    Every request opens its own connection: a kept-alive one that the server has just closed
-    (llama-server does, after some streamed answers) fails the next request at once."""
-    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+def server_client(
+    url: str, opts: LoadOptions, api: bool = True, api_key: str | None = None
+) -> httpx.Client:
+    """A client of the server's OpenAI routes (`api`, under /v1) or of its root (/health),
+    with `api_key`, else the options' key. Every request opens its own connection: a
+    kept-alive one that the server has just closed (llama-server does, after some streamed
+    answers) fails the next request at once."""
+    key = api_key or opts.api_key
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     base = url.rstrip("/").removesuffix("/v1")
     return httpx.Client(
         base_url=base + "/v1" if api else base,
@@ -327,7 +337,8 @@ def _run(
         rng = np.random.default_rng([opts.seed, round_])
         arrivals = np.cumsum(rng.exponential(1.0 / level.rate, size=len(picks))).tolist()
     workers = len(picks) if level.rate is not None else level.concurrency
-    with server_client(setting.url, opts) as client, ThreadPoolExecutor(workers) as pool:
+    client = server_client(setting.url, opts, api_key=setting.api_key)
+    with client, ThreadPoolExecutor(workers) as pool:
         t0 = time.perf_counter()
 
         def send(i: int) -> dict[str, Any]:
@@ -565,13 +576,14 @@ def run_load(opts: LoadOptions, stream=None, json_line: bool = True) -> list[dic
         tqdm(total=len(runs) * opts.rounds, desc="load", unit="run", file=sys.stderr) as bar,
         (opts.out / "requests.jsonl").open("w") as log,
     ):
-        for level in opts.levels():
+        for n, level in enumerate(opts.levels()):
             for i in range(opts.rounds):
+                first = (n * opts.rounds + i) * opts.requests  # prompts no earlier run sent
                 for x in settings if i % 2 == 0 else settings[::-1]:
                     name = "rate" if level.rate is not None else "concurrency"
                     bar.set_postfix_str(f"{name} {level.label} {x.label} round {i + 1}")
                     before = opts.counters(x.url) if opts.counters else None
-                    results, wall = _run(opts, level, x, first=i * opts.requests, round_=i)
+                    results, wall = _run(opts, level, x, first=first, round_=i)
                     runs[(level, x)].append((results, wall))
                     if opts.counters:  # what this run counted (None: nothing to read)
                         after = opts.counters(x.url)  # (before: None where nothing had counted)
