@@ -155,6 +155,13 @@ def test_the_recommendation_is_the_measured_command_when_its_interval_clears_one
     assert sglang["flags"][-1] == "4"  # draft tokens: the steps and the root
 
 
+def test_a_faster_mode_within_noise_loses_to_one_that_beats_plain_beyond_it():
+    run = comparisons(1.10, (1.04, 1.16))
+    run["comparisons"][1]["own"] = {"vs": "llama-server none", "ratio": 1.2, "ci95": [0.9, 1.4]}
+    out = configs.recommend(run, "llama-server")
+    assert out["speculate"] and out["setting"] == "llama-server draft"
+
+
 def test_no_speculation_is_recommended_where_the_interval_reaches_one():
     out = configs.recommend(comparisons(1.05, (0.97, 1.12)), "llama-server")
     assert not out["speculate"] and out["text"].startswith("do not speculate")

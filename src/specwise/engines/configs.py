@@ -2,8 +2,9 @@
 llama-server's command line, vLLM's `--speculative-config`, SGLang's flags.
 
 `recommend(summary, engine, level)` picks, at one level of the run (requests in flight), the
-speculative setting with the highest throughput over its own engine's speculation-off setting,
-and says "speculate" only when the lower end of that ratio's 95% interval is above 1. For
+speculative setting with the highest throughput over its own engine's speculation-off setting
+among those whose ratio's 95% interval lies above 1, and says "speculate" only where there is
+one (else it names the fastest, and says not to). For
 llama-server the setting is one it ran: its command line is the one measured (less the port
 and the metrics endpoint). vLLM and SGLang were not run here (they need a GPU): their settings
 translate the best measured llama-server mode — its drafter kind and the mean draft length it
@@ -30,11 +31,17 @@ FOR = ("llama-server", "vllm", "sglang")
 _DROP = {"--port": 1, "--metrics": 0, "--host": 1}  # flags of the measurement, not of a user's
 
 
+def _beats_plain(c: dict) -> bool:
+    lo = c["own"]["ci95"][0]
+    return not math.isnan(lo) and lo > 1.0
+
+
 def _best(summary: dict, engine: str, level: str) -> tuple[dict | None, dict | None]:
-    """(the engine's best speculative comparison at `level`, its speculation-off one)."""
+    """(the engine's best speculative comparison at `level`: the fastest of those that beat
+    speculation off beyond noise, else the fastest; its speculation-off one)."""
     rows = [c for c in summary["comparisons"] if c["level"] == level and c["engine"] == engine]
     spec = [c for c in rows if c["own"] is not None]
-    best = max(spec, key=lambda c: c["own"]["ratio"], default=None)
+    best = max(spec, key=lambda c: (_beats_plain(c), c["own"]["ratio"]), default=None)
     return best, next((c for c in rows if c["own"] is None), None)
 
 
@@ -90,7 +97,7 @@ def recommend(summary: dict, engine: str, level: str | None = None) -> dict:
         )
     lo, hi = best["own"]["ci95"]
     ratio = best["own"]["ratio"]
-    speculate = not math.isnan(lo) and lo > 1.0
+    speculate = _beats_plain(best)
     mode = _setting(summary, best["setting"])["mode"]
     evidence = (
         f"{best['setting']} at {ratio:.2f}x {plain['setting']} with {level} in flight "
@@ -134,7 +141,7 @@ def recommend(summary: dict, engine: str, level: str | None = None) -> dict:
         )
     if engine != "llama-server":
         out["note"] = (
-            f"not run here: translated from llama-server's {best['setting']} (mean draft "
+            f"not run here: translated from {best['setting']} (mean draft "
             f"length {spec.get('mean_draft_length') or 0:.1f}); measure it on your {engine}"
         )
     return out
