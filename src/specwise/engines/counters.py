@@ -89,28 +89,22 @@ class Counters:
 
     def minus(self, before: Counters) -> Counters:
         """What was counted since `before` (a read of the same server)."""
-        n = max(len(self.accepted_at), len(before.accepted_at))
-        now = self.accepted_at + (0.0,) * (n - len(self.accepted_at))
-        then = before.accepted_at + (0.0,) * (n - len(before.accepted_at))
-        return Counters(
-            self.engine,
-            self.drafts - before.drafts,
-            self.proposed - before.proposed,
-            self.accepted - before.accepted,
-            tuple(a - b for a, b in zip(now, then, strict=True)),
-        )
+        return self._add(before, -1.0)
 
     def plus(self, other: Counters) -> Counters:
         """Two runs' counts together."""
+        return self._add(other, 1.0)
+
+    def _add(self, other: Counters, sign: float) -> Counters:
         n = max(len(self.accepted_at), len(other.accepted_at))
-        a = self.accepted_at + (0.0,) * (n - len(self.accepted_at))
-        b = other.accepted_at + (0.0,) * (n - len(other.accepted_at))
+        mine = self.accepted_at + (0.0,) * (n - len(self.accepted_at))
+        theirs = other.accepted_at + (0.0,) * (n - len(other.accepted_at))
         return Counters(
             self.engine,
-            self.drafts + other.drafts,
-            self.proposed + other.proposed,
-            self.accepted + other.accepted,
-            tuple(x + y for x, y in zip(a, b, strict=True)),
+            self.drafts + sign * other.drafts,
+            self.proposed + sign * other.proposed,
+            self.accepted + sign * other.accepted,
+            tuple(x + sign * y for x, y in zip(mine, theirs, strict=True)),
         )
 
     def figures(self) -> dict:
