@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -316,3 +317,18 @@ def test_bench_engines_end_to_end_and_its_recommendation_pasted(
     # on a shared machine
     assert again[0]["errors"] == 0 and again[0]["throughput_tokens_per_s"] > 0
     assert (drafted > 0) == rec["speculate"], (rec["text"], drafted)
+
+
+def test_a_request_that_failed_on_either_side_is_left_out_of_the_pairs():
+    from specwise.bench.engines import _paired_ci
+
+    def req(prompt, seconds, error=False):
+        r = {"round": 1, "prompt": prompt, "tokens": 10, "latency_s": seconds}
+        return r | ({"error": "HTTP 500"} if error else {})
+
+    a = [req(0, 1.0), req(1, 1.0), req(2, 1.0, error=True)]
+    b = [req(0, 2.0), req(1, 2.0, error=True), req(2, 2.0)]
+    assert all(math.isnan(x) for x in _paired_ci(a, b))  # one pair left: no interval
+    a.append(req(3, 1.0))
+    b.append(req(3, 2.0))
+    assert _paired_ci(a, b) == pytest.approx((2.0, 2.0))

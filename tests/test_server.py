@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.controller import Controller
 from specwise.costs import CostCurve, CostModel
 from specwise.drafters import ModelDrafter, NgramDrafter, SuffixDrafter
+from specwise.engines.process import free_port
 from specwise.server.app import create_app
 
 MODEL = "smol"
@@ -41,12 +41,6 @@ def make_engine(path) -> Engine:
         catch_up_ms_per_token={"model": 1.0},
     )
     return Engine(target, drafters, k="auto", controller=Controller(drafters, costs))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 from collections import defaultdict
 from contextlib import ExitStack
@@ -38,6 +37,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from specwise.backends.llama_cpp import default_threads
 from specwise.bench.load import LoadOptions, Setting, run_load
 from specwise.bench.report import ratio_ci
 from specwise.engines import counters as engine_counters
@@ -102,7 +102,7 @@ def plan(opts: EnginesOptions, files: dict[str, Path], binary: Path | None) -> l
         ]
     out += [Planned(name, name, False, url=url) for name, url in opts.urls.items()]
     if "llama-server" in opts.engines:
-        threads = len(os.sched_getaffinity(0))
+        threads = default_threads()  # as many as specwise's own server uses
         for mode in sorted(opts.modes, key=lambda m: m == "none"):
             cmd = llama_server.command(
                 binary,
@@ -145,8 +145,11 @@ def _rows(path: Path) -> dict[tuple[str, str, str | int | None], list[dict]]:
 def _paired_ci(a: list[dict], b: list[dict]) -> tuple[float, float]:
     """95% interval of the per-request speed ratio a / b, requests paired by (round, prompt)."""
     by = {(r["round"], r["prompt"]): r for r in b if "error" not in r}
-    pairs = [(r, by[(r["round"], r["prompt"])]) for r in a if "error" not in r]
-    pairs = [(x, y) for x, y in pairs if (x["round"], x["prompt"]) in by]
+    pairs = [
+        (r, by[(r["round"], r["prompt"])])
+        for r in a
+        if "error" not in r and (r["round"], r["prompt"]) in by
+    ]
     tokens = np.array([[x["tokens"], y["tokens"]] for x, y in pairs], float)
     times = np.array([[x["latency_s"], y["latency_s"]] for x, y in pairs], float)
     return ratio_ci(tokens, times)
@@ -157,10 +160,10 @@ def compare(levels: list[dict], planned: list[Planned], rows: dict) -> list[dict
     against the baseline (the last setting): throughput ratio and the paired interval."""
     by_label = {p.label: p for p in planned}
     base = planned[-1]
+    plain = {p.engine: p for p in planned if p.plain}
     out = []
     for level in dict.fromkeys(lv["level"] for lv in levels):
         at = {lv["setting"]: lv for lv in levels if lv["level"] == level}
-        plain = {p.engine: p for p in planned if p.plain}
         for lv in at.values():
             p = by_label[lv["setting"]]
             row = {"level": level, "setting": p.label, "engine": p.engine}
