@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from specwise.backends.base import Tokenizer
 
-__all__ = ["Detokenizer"]
+__all__ = ["Detokenizer", "pieces"]
 
 
 class Detokenizer:
@@ -84,3 +84,16 @@ class Detokenizer:
         out = self._text[self._sent : end]
         self._sent = end
         return out
+
+
+def pieces(tokenizer: Tokenizer, tokens: Sequence[int], before: Sequence[int] = ()) -> list[str]:
+    """The text each token adds after `before` (the ids preceding them), one string per token:
+    "" for a token that only begins a character, the next token's piece then holding it whole.
+    The pieces joined are the tokens' text, stop strings not cut."""
+    d = Detokenizer(tokenizer, (), list(before)[-4:])
+    out: list[str] = []
+    for t in tokens:
+        n = len(d.text)
+        d.push(t)
+        out.append(d.text[n:])
+    return out

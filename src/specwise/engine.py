@@ -40,6 +40,7 @@ import numpy as np
 
 from specwise.backends.base import LM, new_sequence
 from specwise.controller import Batch, Controller, Offered, Plan
+from specwise.detail import round_detail
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
 from specwise.request import GenerationResult, Request
@@ -75,6 +76,14 @@ class Proposal:
     ms: float = 0.0
     padded: int = 0
     emitted: int = 0
+
+
+def _rows(verdict: Verdict, n: int) -> list[int]:
+    """The rows of the round's logits that the verdict's first n tokens came from: a chain's
+    in order, a tree's along its kept path (row 0 is the last emitted token's)."""
+    if not verdict.path:
+        return list(range(n))
+    return [0, *(i + 1 for i in verdict.path)][:n]
 
 
 def _fed_tree(draft: Draft, fed: int) -> list[int] | None:
@@ -151,11 +160,18 @@ class Engine:
         k: int | str | None = None,
         drafter: str | None = None,
         tenant: str | None = None,
+        inspect: bool = False,
     ) -> Request:
         """Validate a request, prefill the target (and drafters), and return it ready to step:
         `admit`, then `prefill` of the whole prompt."""
         req = self.admit(
-            prompt, params, request_id=request_id, arrival=arrival, k=k, drafter=drafter
+            prompt,
+            params,
+            request_id=request_id,
+            arrival=arrival,
+            k=k,
+            drafter=drafter,
+            inspect=inspect,
         )
         self.prefill(req, tenant=tenant)
         return req
@@ -169,9 +185,11 @@ class Engine:
         arrival: float | None = None,
         k: int | str | None = None,
         drafter: str | None = None,
+        inspect: bool = False,
     ) -> Request:
         """Validate a request and give it a sequence; nothing is fed yet (`prefill`). `k` and
-        `drafter` override the engine's choice for this request only."""
+        `drafter` override the engine's choice for this request only; `inspect` records each
+        round's detail (`Request.details`, and the trace sink's lines)."""
         arrival = time.perf_counter() if arrival is None else arrival
         self.check_override(k, drafter)
         prompt = [int(t) for t in prompt]
@@ -191,6 +209,7 @@ class Engine:
             detok=None if tok is None else Detokenizer(tok, params.stop, prompt[-4:]),
             k=k,
             only=drafter,
+            inspect=inspect,
         )
 
     def prefill(self, req: Request, budget: int | None = None, tenant: str | None = None) -> bool:
@@ -215,13 +234,16 @@ class Engine:
             emitted = self._emit(req, verdict.tokens, last, [0])
             first = Proposal(None, Draft([], None), emitted=emitted)
             req.clock = req.arrival + req.prefill_ms / _ms  # round 0's overhead: the rest
-            self._record(req, first, verdict, 0.0, 0.0, 1)
+            self._record(req, first, verdict, 0.0, 0.0, 1, logits=last)
             t2 = time.perf_counter()
             # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
             # controller first picks them: a request that never uses one does not pay for it.
+            # An inspected request begins every cheap drafter: a step may switch to any.
             k_req = self.k if req.k is None else req.k
-            for d in self._allowed(req):
-                if k_req != 0 and (k_req != "auto" or d.cheap) and not req.done:
+            allowed = self._allowed(req)
+            for d in self.drafters:
+                eager = d in allowed and k_req != 0 and (k_req != "auto" or d.cheap)
+                if (eager or (req.inspect and d.cheap)) and not req.done:
                     self._drafter_call(req, d, d.begin, seq, prompt, tenant)
         except BaseException:
             self.target.release(seq)
@@ -424,8 +446,8 @@ class Engine:
         draft_ms, verify_ms = (t1 - t0) * _ms, (t2 - t1) * _ms
         self._learn(props, verdicts, calls, planned, draft_ms, verify_ms, (t3 - t2) * _ms)
         step = next(self._steps)
-        for r, p, v in zip(live, props, verdicts, strict=True):  # 5. record
-            self._record(r, p, v, draft_ms, verify_ms, len(live), step)
+        for r, p, v, lg in zip(live, props, verdicts, logits, strict=True):  # 5. record
+            self._record(r, p, v, draft_ms, verify_ms, len(live), step, lg)
 
     def _propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
         """Step 1 for the batch: each request's proposal, then (k="auto", several requests)
@@ -487,7 +509,7 @@ class Engine:
             self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
             if self.controller is not None:
                 self.controller.observe(r.id, d.name, p.draft, verdict.accepted, verdict.path)
-        return self._emit(r, verdict.tokens, logits, [0, *(i + 1 for i in verdict.path)])
+        return self._emit(r, verdict.tokens, logits, _rows(verdict, len(verdict.tokens)))
 
     def _undo(self, r: Request, rng: dict) -> None:
         """Put a request back as it was before a round that failed: its target cache holds
@@ -567,11 +589,14 @@ class Engine:
         verify_ms: float,
         batch_size: int,
         step: int | None = None,
+        logits: np.ndarray | None = None,
     ) -> None:
         """Step 5: one RoundTrace for request r, ending now. Its overhead is the rest of the
         time since r's previous round ended (rollback, bookkeeping, and any wait between
-        rounds), so a request's rounds account for all of its time. A trace sink that fails
-        is logged and dropped; the round stands."""
+        rounds), so a request's rounds account for all of its time. An inspected request's
+        detail (from the round's `logits`) is computed after the round's end: its cost falls
+        in the next round's overhead, never in a cost the controller learns. A trace sink
+        that fails is logged and dropped; the round stands."""
         now = time.perf_counter()
         plan = p.plan
         rt = RoundTrace(
@@ -598,9 +623,28 @@ class Engine:
         )
         r.rounds.append(rt)
         r.clock = now
+        line: RoundTrace | dict = rt
+        if r.inspect and logits is not None:
+            n = p.emitted
+            detail = round_detail(
+                p.draft.tokens,
+                p.draft.probs,
+                p.draft.parents,
+                verdict.path,
+                r.context[len(r.context) - n :],
+                logits,
+                _rows(verdict, n),
+                r.params,
+                self.target.tokenizer,
+                r.context[: len(r.context) - n],
+            )
+            first = r.details[0]["params"] if r.details else detail["params"]
+            detail["params_changed"] = detail["params"] != first
+            r.details.append(detail)
+            line = {**rt.to_dict(), "detail": detail}
         if self.trace is not None:
             try:
-                self.trace.write(rt)
+                self.trace.write(line)
             except Exception as exc:
                 log.warning("the trace sink failed, tracing no more: %s", exc)
                 self.trace = None
@@ -619,8 +663,8 @@ class Engine:
 
     def _emit(self, r: Request, tokens: list[int], logits: np.ndarray, path: Sequence[int]) -> int:
         """Append tokens until EOS, a stop string, max_tokens or a full context; return how
-        many. Token i came from row path[i] of `logits` (a chain's rows are in order: `path`
-        may stop short); each one appended gets its log-probabilities where asked."""
+        many. Token i came from row path[i] of `logits` (`_rows`); each one appended gets its
+        log-probabilities where asked."""
         n = 0
         eos = self.target.eos_token_ids
         for t in tokens:
@@ -635,6 +679,5 @@ class Engine:
         if not r.done and len(r.context) > self.target.context_length:  # no room for a round
             r.finish_reason = "length"
         if r.params.logprobs is not None:
-            rows = [*path, *range(len(path), n)][:n]
-            r.logprobs += token_logprobs(logits[rows], tokens[:n], r.params.logprobs)
+            r.logprobs += token_logprobs(logits[list(path[:n])], tokens[:n], r.params.logprobs)
         return n

@@ -35,6 +35,10 @@ class Request:
     only: str | None = None  # this request's only drafter (None: any of the engine's)
     ended: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token (params.logprobs)
+    # Inspection (`detail.round_detail`, for the trace inspector): one detail per round, and
+    # the cheap drafters begun even at k = 0, so that a step may switch to any of them.
+    inspect: bool = False
+    details: list[dict] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:

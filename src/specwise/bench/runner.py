@@ -34,6 +34,7 @@ import numpy as np
 from specwise.backends.base import LM, Reserved
 from specwise.bench.workloads import CATEGORIES, Prompt, render
 from specwise.controller import Controller
+from specwise.detok import pieces
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
@@ -235,6 +236,7 @@ class Runner:
         logprob = (
             {} if greedy else {c: self._mean_logprob(ids, r.tokens) for c, r in results.items()}
         )
+        tok = self.target.tokenizer
         for cfg, res in results.items():
             check: dict = {}
             if cfg.drafter.startswith(BASELINE):
@@ -256,6 +258,7 @@ class Runner:
                 "repeat": rep,
                 "prompt_tokens": len(ids),
                 "tokens": res.tokens,
+                "pieces": None if tok is None else pieces(tok, res.tokens, ids),
                 "finish_reason": res.finish_reason,
                 "summary": res.summary.to_dict(),
                 "check": check,
