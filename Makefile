@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo soak external lint bench clean
+.PHONY: install test demo soak external browser lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ soak: $(STAMP)
 # `specwise bench engines` and the tests that compare with it (they skip without it).
 external: $(STAMP)
 	$(PY) -m specwise.engines.llama_server build
+
+# Debian's Chromium, for the trace inspector's browser tests (tests/test_ui.py skip without it,
+# saying so); Playwright drives it (installed with the dev extras).
+browser:
+	@if command -v chromium >/dev/null; then echo "chromium: $$(chromium --version)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; \
+	else echo "install Debian's chromium (as root: apt-get install chromium) for the browser tests"; \
+	exit 1; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts

@@ -620,7 +620,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
             ids = tok.render_chat([{"role": "user", "content": prompt_text}])
         else:
             ids = tok.encode(prompt_text)
-        req = engine.start(ids, params)
+        req = engine.start(ids, params, inspect=sink is not None)  # a trace shows its text
         try:
             while True:
                 if not a.json and req.detok is not None:
@@ -697,7 +697,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
         f"(backend {engine.target.info.backend}, k={engine.k}, "
-        f"drafters: {', '.join(d.name for d in engine.drafters) or 'none'})",
+        f"drafters: {', '.join(d.name for d in engine.drafters) or 'none'}); "
+        f"trace inspector: http://{a.host}:{a.port}/ui",
         file=sys.stderr,
     )
     # uvicorn drains on SIGTERM, then raises the signal again as it returns: leave through
@@ -716,6 +717,26 @@ def cmd_serve(a: argparse.Namespace) -> int:
         _save_memory(a, engine)
         if sink is not None:
             sink.close()
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from specwise.server import inspector, saved
+
+    if not 0 < a.port < 65536:
+        raise UsageError(f"--port {a.port} is invalid; use 1..65535")
+    source = saved.load(a.path)
+    app = FastAPI(title="specwise inspect", docs_url=None, redoc_url=None, openapi_url=None)
+    inspector.add_routes(app, source)
+    print(
+        f"specwise: inspecting {a.path} at http://127.0.0.1:{a.port}/ui "
+        f"(read only, this machine only; Ctrl-C stops)",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning")
     return 0
 
 
@@ -740,7 +761,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    g.add_argument("--trace", help="append every round as JSON lines to this file")
+    g.add_argument(
+        "--trace",
+        help="append every round, with its detail (draft, p and q, top of p), as JSON lines to "
+        "this file (`specwise inspect FILE` shows it)",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object instead")
     g.add_argument("prompt", help="prompt text, or - to read stdin")
     g.set_defaults(func=cmd_generate)
@@ -1009,6 +1034,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
     s.add_argument("--trace", help="append every round of every request as JSON lines here")
     s.set_defaults(func=cmd_serve)
+
+    i = sub.add_parser(
+        "inspect", help="the trace inspector (in the browser) over a saved trace or bench run"
+    )
+    i.add_argument("path", help="a trace (.jsonl from --trace) or a bench run folder")
+    i.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765)")
+    i.set_defaults(func=cmd_inspect)
     return parser
 
 

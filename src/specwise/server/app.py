@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions,
-/v1/chat/completions (streaming as server-sent events), /health and /metrics.
+/v1/chat/completions (streaming as server-sent events), /health and /metrics, and the trace
+inspector's page and data (/ui, /ui/api: `inspector`).
 
 Requests are validated by `protocol`, queued on the `Scheduler` (HTTP 429 with Retry-After when
 the queue is full), and streamed back as the scheduler publishes text. A client that goes away
-is cancelled, which releases its caches at once. With API keys, every /v1 route needs
+is cancelled, which releases its caches at once. With API keys, every /v1 and /ui/api route needs
 `Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that learn across
 requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an OpenAI-style error body;
 nothing reaches the client as a traceback. /health reports the load, the sequences holding
@@ -28,6 +29,7 @@ from starlette.requests import ClientDisconnect
 
 from specwise.engine import Engine
 from specwise.server import protocol
+from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
 from specwise.server.scheduler import PREFILL_CHUNK, Job, QueueFull, Scheduler
@@ -75,7 +77,7 @@ def create_app(
     @app.middleware("http")
     async def guard(request: Request, call_next):
         request.state.tenant = None
-        if request.url.path.startswith("/v1") and api_keys:
+        if request.url.path.startswith(("/v1", "/ui/api")) and api_keys:
             got = request.headers.get("authorization", "").encode()
             key = next(
                 (k for k in api_keys if hmac.compare_digest(got, f"Bearer {k}".encode())), None
@@ -131,45 +133,55 @@ def create_app(
             "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specwise"}],
         }
 
+    def start(
+        body: Any, chat: bool, tenant: str | None, job_id: str | None = None, **how: Any
+    ) -> tuple[ParsedRequest, Job]:
+        """Parse, check and tokenize a request body and queue it as a Job (ApiError when it
+        cannot be); `how`: the Job's inspector fields (inspect, paused)."""
+        req = protocol.parse(body, chat, [model_name])
+        try:
+            engine.check_override(req.k, req.drafter)
+        except ValueError as exc:
+            field = "speculative.drafter" if "drafter" in str(exc) else "speculative.k"
+            raise ApiError(400, str(exc), field) from None
+        job = Job(
+            job_id or protocol.new_id(chat),
+            _tokenize(engine, req),
+            req.params,
+            asyncio.get_running_loop(),
+            k=req.k,
+            drafter=req.drafter,
+            tenant=tenant,
+            label=protocol.label(req),
+            **how,
+        )
+        try:
+            state["scheduler"].submit(job)
+        except QueueFull:
+            raise ApiError(
+                429,
+                "the server is busy (queue full); retry shortly",
+                kind="rate_limit_error",
+                headers={"Retry-After": "1"},
+            ) from None
+        return req, job
+
     async def handle(request: Request, chat: bool) -> Response:
         try:
             body = await _read_json(request, max_body_bytes)
-            req = protocol.parse(body, chat, [model_name])
-            try:
-                engine.check_override(req.k, req.drafter)
-            except ValueError as exc:
-                field = "speculative.drafter" if "drafter" in str(exc) else "speculative.k"
-                raise ApiError(400, str(exc), field) from None
-            prompt = _tokenize(engine, req)
-            job = Job(
-                protocol.new_id(chat),
-                prompt,
-                req.params,
-                asyncio.get_running_loop(),
-                k=req.k,
-                drafter=req.drafter,
-                tenant=request.state.tenant,
-            )
-            try:
-                state["scheduler"].submit(job)
-            except QueueFull:
-                raise ApiError(
-                    429,
-                    "the server is busy (queue full); retry shortly",
-                    kind="rate_limit_error",
-                    headers={"Retry-After": "1"},
-                ) from None
+            req, job = start(body, chat, request.state.tenant)
         except ApiError as exc:
             return _error(exc)
         except ClientDisconnect:  # it left before its body was in (a slow client giving up)
             return Response(status_code=499)
+        n_prompt = len(job.prompt)
         if req.stream:
             return StreamingResponse(
-                _stream(state["scheduler"], job, req, len(prompt), _piece(engine)),
+                _stream(state["scheduler"], job, req, n_prompt, _piece(engine)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await _complete(request, state["scheduler"], job, req, len(prompt), _piece(engine))
+        return await _complete(request, state["scheduler"], job, req, n_prompt, _piece(engine))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -178,6 +190,9 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
+
+    max_paused = max(1, max_batch // 2)  # paused sessions may hold at most half the slots
+    add_routes(app, Live(engine, model_name, lambda: state["scheduler"], start, max_paused))
 
     return app
 

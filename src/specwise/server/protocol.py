@@ -264,6 +264,13 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
 
 
 # -- responses ---------------------------------------------------------------------------------
+def label(req: ParsedRequest, width: int = 80) -> str:
+    """A request's prompt in one short line (its last message's, for a chat), for lists."""
+    text = req.messages[-1]["content"] if req.chat else req.prompt
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 

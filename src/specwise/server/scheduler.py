@@ -9,8 +9,11 @@ behind it starts within a chunk. A request joins the rounds once its prompt is i
 prompts go in whole, as plain one-request decoding feeds them (a chunk's kernels could round the
 cache differently). If a batched round fails, each request is retried alone, so only
 the request that fails alone is failed (a round that raises leaves every request as it was:
-`Engine.step`). Every `save_every_s` seconds, between rounds, what the controller learnt is
-saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches the engine.
+`Engine.step`). A paused job (the inspector's step mode) holds its place and caches but runs
+only the rounds it is granted (`grant`), each with the settings given for it; the other
+requests go on around it. The last `RECENT` finished jobs are kept for the inspector. Every
+`save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB; the CLI
+saves it again at shutdown). The HTTP layer never touches the engine.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = ["Job", "QueueFull", "Scheduler"]
 log = logging.getLogger(__name__)
 SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
 PREFILL_CHUNK = 128  # default prompt tokens fed between two rounds
+RECENT = 64  # finished jobs kept for the inspector's list
 
 
 class QueueFull(Exception):
@@ -57,10 +61,23 @@ class Job:
     cancelled: bool = False
     req: Request | None = None
     first_sent: bool = False
+    inspect: bool = False  # record each round's detail and publish ("round", index) events
+    paused: bool = False  # run only granted rounds (step mode)
+    grants: int = 0  # rounds granted and not run yet
+    settings: dict[str, Any] = field(default_factory=dict)  # next rounds' k, drafter, params
+    state: str = "queued"  # queued, prefilling, running, done, cancelled, failed, rejected
+    label: str = ""  # the prompt's start, for the inspector's lists
+    watched: bool = False  # an inspector session whose events stream is open
+    result: GenerationResult | None = None  # once done
+
+    @property
+    def held(self) -> bool:
+        """Paused with no round granted: it waits, holding its place."""
+        return self.paused and self.grants == 0
 
     def emit(self, kind: str, payload: Any = None) -> None:
-        """Thread-safe: ("text", (str, tokens emitted so far)), ("done", GenerationResult) or
-        ("error", (status, msg))."""
+        """Thread-safe: ("text", (str, tokens emitted so far)), ("round", index) for an
+        inspected job, ("done", GenerationResult) or ("error", (status, msg))."""
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutting down)
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
 
@@ -89,6 +106,7 @@ class Scheduler:
         self._pending: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
         self._prefilling: list[Job] = []
+        self.recent: collections.deque[Job] = collections.deque(maxlen=RECENT)
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="specwise-scheduler", daemon=True)
@@ -108,6 +126,26 @@ class Scheduler:
             job.cancelled = True
             self._cond.notify()
 
+    def grant(self, job: Job, settings: dict[str, Any] | None = None) -> None:
+        """Run one more round of a paused job, with `settings` (k, drafter, params) from then
+        on (validated by the caller)."""
+        with self._cond:
+            job.settings.update(settings or {})
+            job.grants += 1
+            self._cond.notify()
+
+    def resume(self, job: Job) -> None:
+        """Let a paused job run to its end."""
+        with self._cond:
+            job.paused = False
+            self._cond.notify()
+
+    def jobs(self) -> list[Job]:
+        """Every job the scheduler knows now: queued, prefilling, running, then recently
+        finished, newest first (a snapshot; the jobs go on changing)."""
+        live = [*self._running, *self._prefilling, *self._pending]
+        return [*reversed(live), *reversed(self.recent)]
+
     def close(self) -> None:
         with self._cond:
             self._stop = True
@@ -126,12 +164,13 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stop or self._pending or self._running or self._prefilling):
+                while not (self._stop or self._ready()):
                     self._cond.wait()
                 if self._stop:
                     break
                 for job in [j for j in self._pending if j.cancelled]:
                     self._pending.remove(job)
+                    job.state = "cancelled"
                     self.metrics.requests.labels("cancelled").inc()
                 admit = []
                 busy = len(self._running) + len(self._prefilling)
@@ -142,7 +181,7 @@ class Scheduler:
                 self._admit(job)
             for job in [j for j in self._running + self._prefilling if j.cancelled]:
                 self._end(job, "cancelled")
-            if self._running:
+            if any(not j.held for j in self._running):
                 self._round()
                 self._save_learning()
             self._prefill()
@@ -150,6 +189,16 @@ class Scheduler:
             job.emit("error", (503, "the server is shutting down"))
             if job.req is not None:
                 self.engine.finish(job.req)
+
+    def _ready(self) -> bool:
+        """There is work: a job to admit (a free slot), to drop, or that can go on. (Paused
+        jobs holding every slot leave a queue waiting: the loop must not spin on it.)"""
+        busy = self._running + self._prefilling
+        if self._pending and (
+            len(busy) < self.max_batch or any(j.cancelled for j in self._pending)
+        ):
+            return True
+        return any(not j.held or j.cancelled for j in busy)
 
     def _save_learning(self) -> None:
         """Save the controller's learning when `save_every_s` has passed since the last save."""
@@ -168,11 +217,14 @@ class Scheduler:
                 arrival=job.arrival,
                 k=job.k,
                 drafter=job.drafter,
+                inspect=job.inspect,
             )
         except ValueError as exc:
             self.metrics.requests.labels("rejected").inc()
+            job.state = "rejected"
             job.emit("error", (400, str(exc)))
             return
+        job.state = "prefilling"
         self._prefilling.append(job)
 
     def _prefill(self) -> None:
@@ -186,12 +238,15 @@ class Scheduler:
         for job in sorted(self._prefilling, key=left):
             if budget < 1:
                 break
+            if job.held:
+                continue
             n = min(budget, left(job))
             try:
                 done = self.engine.prefill(job.req, n, tenant=job.tenant)
             except Exception as exc:
                 log.exception("prefill failed for %s", job.id)
                 self._prefilling.remove(job)
+                job.state = "failed"
                 self.metrics.requests.labels("failed").inc()
                 job.emit("error", (500, f"the request failed: {exc}"))
                 continue
@@ -199,10 +254,14 @@ class Scheduler:
             if done:
                 self._prefilling.remove(job)
                 self._running.append(job)
+                job.state = "running"
+                job.grants = max(0, job.grants - 1)  # round 0 came with the prefill
                 self._publish(job)  # the first token came with the prefill
 
     def _round(self) -> None:
-        batch = list(self._running)
+        batch = [j for j in self._running if not j.held]
+        for job in batch:
+            self._settle(job)
         try:
             self.engine.step([j.req for j in batch])
         except Exception:
@@ -213,6 +272,8 @@ class Scheduler:
                 except Exception as exc:
                     self._end(job, "failed", (500, f"the request failed: {exc}"))
         self.metrics.running.set(len(self._running))
+        for job in batch:
+            job.grants = max(0, job.grants - 1)
         stepped = [j for j in batch if j in self._running]
         if stepped and stepped[0].req.rounds:
             last = stepped[0].req.rounds[-1]
@@ -220,8 +281,22 @@ class Scheduler:
         for job in stepped:
             self._publish(job)
 
+    def _settle(self, job: Job) -> None:
+        """Apply the settings a step gave a job for its rounds from now on."""
+        with self._cond:
+            settings, job.settings = job.settings, {}
+        req = job.req
+        if "k" in settings:
+            req.k = settings["k"]
+        if "drafter" in settings:
+            req.only = settings["drafter"]
+        if "params" in settings:
+            req.params = settings["params"]
+
     def _publish(self, job: Job) -> None:
         req = job.req
+        if job.inspect and req.rounds:
+            job.emit("round", len(req.rounds) - 1)
         if req.rounds:
             rt = req.rounds[-1]
             self.metrics.observe_round(rt, first=not job.first_sent)
@@ -241,6 +316,9 @@ class Scheduler:
             if job in jobs:
                 jobs.remove(job)
         result: GenerationResult = self.engine.finish(job.req)
+        job.result = result
+        job.state = "done" if status == "ok" else status
+        self.recent.append(job)
         self.metrics.requests.labels(status).inc()
         self.metrics.running.set(len(self._running))
         if error is not None:
