@@ -385,3 +385,37 @@ def test_batch_bench_measures_shapes_and_prices_them_by_their_passes(smollm2_pat
     assert rows[(2, "gap, +0", None)]["passes"] == [(1, 1), (1, 1)]
     assert all(r["ms"] > 0 for r in got["rows"])
     assert all(lm.length(q) == 0 for q in range(3))  # released
+
+
+def test_lossy_rules_are_measured_apart_from_every_exact_figure(smollm2_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["bench", "--target", str(smollm2_path), "--categories", "chat", "--limit", "2"]
+    args += ["--max-tokens", "10", "--drafter", "ngram", "--k", "2", "--temperature", "1"]
+    code = main([*args, "--acceptance", "typical,top-2", "--out", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    exact = summary["figures"]["chat"]["T=1"]
+    assert set(exact) == {"plain", "ngram k=2"}  # no lossy configuration among them
+    lossy = summary["lossy"]["chat"]["T=1"]
+    assert set(lossy) == {"ngram k=2 (lossy: typical)", "ngram k=2 (lossy: top-2)"}
+    assert all(0.0 <= f["same_as_exact"] <= 1.0 for f in lossy.values())
+    records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    flagged = [r for r in records if r["acceptance"] != "exact"]
+    assert len(flagged) == 4 and all(r["summary"]["acceptance"] == r["acceptance"] for r in flagged)
+    assert all("exact_prefix" in r["check"] for r in flagged)
+    report = (out / "report.md").read_text()
+    assert "Lossy acceptance rules: NOT the target's distribution" in report
+    main_tables = report.split("## Lossy")[0]
+    assert "lossy:" not in main_tables
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--acceptance", "typical", "--temperature", "0"], "needs a sampled run"),
+        (["--acceptance", "loose", "--temperature", "1"], "is not a rule"),
+    ],
+)
+def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extra, words):
+    assert main(["bench", "--target", str(smollm2_path), *extra]) == 2
+    assert words in capsys.readouterr().err

@@ -259,6 +259,13 @@ def local(engine):
         ({"prompt": "hi", "model": "gpt-4"}, 404, "model"),
         ({"prompt": "hi", "speculative": {"k": -1}}, 400, "speculative.k"),
         ({"prompt": "hi", "speculative": {"drafter": "eagle"}}, 400, "speculative.drafter"),
+        ({"prompt": "hi", "speculative": {"acceptance": "loose"}}, 400, "speculative.acceptance"),
+        ({"prompt": "hi", "speculative": {"acceptance": 2}}, 400, "speculative.acceptance"),
+        (  # a lossy rule is for sampled output only
+            {"prompt": "hi", "temperature": 0, "speculative": {"acceptance": "typical"}},
+            400,
+            "speculative.acceptance",
+        ),
         ({"prompt": "word " * 600}, 400, "prompt"),
         ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ({"prompt": "hi", "logprobs": True}, 400, "logprobs"),
@@ -399,6 +406,14 @@ def test_per_request_speculation_override(local):
     ).json()
     assert fixed["speculative"]["proposed"] > 0
     assert fixed["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert plain["speculative"]["acceptance"] == fixed["speculative"]["acceptance"] == "exact"
+
+
+def test_a_lossy_rule_is_named_in_the_response(local):
+    body = {"prompt": PROMPTS[3], "max_tokens": 16, "temperature": 0.8, "seed": 3}
+    body["speculative"] = {"k": 3, "drafter": "ngram", "acceptance": "top-2"}
+    got = local.post("/v1/completions", json=body).json()
+    assert got["speculative"]["acceptance"] == "top-2" and got["usage"]["completion_tokens"]
 
 
 def test_api_key(engine):

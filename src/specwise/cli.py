@@ -396,6 +396,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from specwise.bench.runner import Options
     from specwise.bench.session import default_out, pick, run_bench
     from specwise.bench.workloads import builtin, load_jsonl
+    from specwise.lossy import check_rule
 
     if a.bench_command == "load":
         return _bench_load(a)
@@ -480,7 +481,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
         repeats=a.repeats,
         multi_turn=a.multi_turn,
         seed=a.seed,
+        lossy=[check_rule(r) for r in a.acceptance or [] if r != "exact"],
     )
+    if options.lossy and not any(t > 0 for t in options.temperatures or [1.0]):
+        raise UsageError(
+            "--acceptance with a lossy rule needs a sampled run: give --temperature above 0"
+        )
     if options.repeats < 1:
         raise UsageError(f"--repeats {options.repeats} is invalid; use an integer >= 1")
     for t in options.temperatures or []:
@@ -587,6 +593,12 @@ def describe(result, engine) -> list[str]:
         f"time in rounds: draft {share(s.draft_ms)} · verify {share(s.verify_ms)} · overhead "
         f"{share(s.overhead_ms)} · prefill {s.prefill_ms:.0f} ms · peak RSS {s.peak_rss_mb:.0f} MB",
     ]
+    if s.acceptance != "exact":
+        lines.insert(
+            0,
+            f"LOSSY acceptance rule {s.acceptance!r}: this output is NOT a sample of the "
+            f"target's distribution (specwise.lossy says which one it is)",
+        )
     if engine.k == "auto" and result.rounds:
         shares = choice_shares(result.rounds)
         parts = [
@@ -620,7 +632,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
             ids = tok.render_chat([{"role": "user", "content": prompt_text}])
         else:
             ids = tok.encode(prompt_text)
-        req = engine.start(ids, params, inspect=sink is not None)  # a trace shows its text
+        req = engine.start(  # a trace shows its text
+            ids, params, inspect=sink is not None, acceptance=a.acceptance
+        )
         try:
             while True:
                 if not a.json and req.detok is not None:
@@ -762,6 +776,13 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument(
+        "--acceptance",
+        default="exact",
+        help="acceptance rule: exact (default: the target's distribution), or, for sampled "
+        "output only, a LOSSY one: typical (Medusa's) or top-N (a draft token among the "
+        "target's N most likely); the output then is not the target's distribution (flagged)",
+    )
+    g.add_argument(
         "--trace",
         help="append every round, with its detail (draft, p and q, top of p), as JSON lines to "
         "this file (`specwise inspect FILE` shows it)",
@@ -798,6 +819,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="temperatures (default: each category's own)",
     )
     b.add_argument("--top-p", type=_csv(float, "numbers"), help="top-p values")
+    b.add_argument(
+        "--acceptance",
+        type=_csv(str, "rules"),
+        help="lossy acceptance rules to measure beside the exact runs, at temperatures > 0, "
+        "e.g. typical,top-2: their speed and what they change are reported apart, never in "
+        "the exact figures",
+    )
     b.add_argument("--categories", type=_csv(str, "names"), help="categories to run")
     b.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
     b.add_argument("--multi-turn", action="store_true", help="use every turn of 'turns' prompts")

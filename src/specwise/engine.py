@@ -9,7 +9,8 @@ One round (`Engine.step`) for every running request:
 2. score   — ONE target forward over the batch: each request's last emitted token + its draft
              (a tree draft as a tree: each token sees only its ancestors, `LM.trees`);
 3. verify  — the acceptance rule keeps a prefix of the draft (a path of a tree) and emits one
-             more token;
+             more token (the exact rules of `verify`, unless a sampled request names a lossy
+             rule of `lossy`, which then flags its every round);
 4. commit  — roll the target cache back to the committed tokens (keep the accepted path of a
              tree), tell the drafter, and cut the emission at EOS, a stop string or max_tokens;
 5. record  — one RoundTrace per request.
@@ -43,6 +44,7 @@ from specwise.controller import Batch, Controller, Offered, Plan
 from specwise.detail import round_detail
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
+from specwise.lossy import EXACT, check_rule, keep_rule, lossy_sample
 from specwise.request import GenerationResult, Request
 from specwise.sampling import LazyRows, Sampler, SamplingParams, token_logprobs
 from specwise.trace import JsonlSink, RoundTrace, summarize
@@ -54,7 +56,7 @@ from specwise.verify import (
     tree_sample_and_match,
 )
 
-__all__ = ["Engine", "Proposal"]
+__all__ = ["Engine", "Proposal", "check_acceptance"]
 
 log = logging.getLogger(__name__)
 _ms = 1000.0
@@ -76,6 +78,16 @@ class Proposal:
     ms: float = 0.0
     padded: int = 0
     emitted: int = 0
+
+
+def check_acceptance(acceptance: str, params: SamplingParams) -> None:
+    """Raise ValueError unless a request may use this acceptance rule with these parameters."""
+    check_rule(acceptance)
+    if acceptance != EXACT and params.greedy:
+        raise ValueError(
+            f"acceptance {acceptance!r} is for sampled requests (temperature > 0); at "
+            f"temperature 0 the exact rule already keeps every draft token the target agrees with"
+        )
 
 
 def _rows(verdict: Verdict, n: int) -> list[int]:
@@ -161,6 +173,7 @@ class Engine:
         drafter: str | None = None,
         tenant: str | None = None,
         inspect: bool = False,
+        acceptance: str = EXACT,
     ) -> Request:
         """Validate a request, prefill the target (and drafters), and return it ready to step:
         `admit`, then `prefill` of the whole prompt."""
@@ -172,6 +185,7 @@ class Engine:
             k=k,
             drafter=drafter,
             inspect=inspect,
+            acceptance=acceptance,
         )
         self.prefill(req, tenant=tenant)
         return req
@@ -186,12 +200,15 @@ class Engine:
         k: int | str | None = None,
         drafter: str | None = None,
         inspect: bool = False,
+        acceptance: str = EXACT,
     ) -> Request:
         """Validate a request and give it a sequence; nothing is fed yet (`prefill`). `k` and
         `drafter` override the engine's choice for this request only; `inspect` records each
-        round's detail (`Request.details`, and the trace sink's lines)."""
+        round's detail (`Request.details`, and the trace sink's lines); `acceptance` names the
+        rule (`lossy`: a lossy one, for sampled requests only, flags every round)."""
         arrival = time.perf_counter() if arrival is None else arrival
         self.check_override(k, drafter)
+        check_acceptance(acceptance, params)
         prompt = [int(t) for t in prompt]
         self.check_prompt(prompt)
         tok = self.target.tokenizer
@@ -210,6 +227,7 @@ class Engine:
             k=k,
             only=drafter,
             inspect=inspect,
+            acceptance=acceptance,
         )
 
     def prefill(self, req: Request, budget: int | None = None, tenant: str | None = None) -> bool:
@@ -285,8 +303,10 @@ class Engine:
             logprobs=None if req.params.logprobs is None else list(req.logprobs),
         )
 
-    def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenerationResult:
-        req = self.start(prompt, params)
+    def generate(
+        self, prompt: Sequence[int], params: SamplingParams, acceptance: str = EXACT
+    ) -> GenerationResult:
+        req = self.start(prompt, params, acceptance=acceptance)
         try:
             while not req.done:
                 self.step([req])
@@ -595,8 +615,9 @@ class Engine:
         time since r's previous round ended (rollback, bookkeeping, and any wait between
         rounds), so a request's rounds account for all of its time. An inspected request's
         detail (from the round's `logits`) is computed after the round's end: its cost falls
-        in the next round's overhead, never in a cost the controller learns. A trace sink
-        that fails is logged and dropped; the round stands."""
+        in overhead (its next round's, and this round's of the requests recorded after it),
+        never in a cost the controller learns. A trace sink that fails is logged and
+        dropped; the round stands."""
         now = time.perf_counter()
         plan = p.plan
         rt = RoundTrace(
@@ -620,6 +641,7 @@ class Engine:
             padded=p.padded,
             step=step,
             depth=None if p.draft.parents is None else p.draft.depth(),
+            acceptance=None if r.acceptance == EXACT else r.acceptance,
         )
         r.rounds.append(rt)
         r.clock = now
@@ -650,7 +672,8 @@ class Engine:
                 self.trace = None
 
     def _verify(self, r: Request, d: Draft, logits: np.ndarray) -> Verdict:
-        """logits [k+1, V] -> the acceptance rule's verdict (a tree draft's: point masses)."""
+        """logits [k+1, V] -> the acceptance rule's verdict (a tree draft's: point masses,
+        always exact; a chain's by the request's rule)."""
         if r.params.greedy:
             top = np.argmax(logits, axis=-1)
             if d.parents is not None:
@@ -659,6 +682,8 @@ class Engine:
         p = LazyRows(logits, r.params)  # [k+1, V], warped on demand
         if d.parents is not None:
             return tree_sample_and_match(d.tokens, d.parents, p, r.sampler)
+        if r.acceptance != EXACT:
+            return lossy_sample(d.tokens, p, r.sampler, keep_rule(r.acceptance))
         return rejection_sample(d.tokens, d.probs, p, r.sampler)
 
     def _emit(self, r: Request, tokens: list[int], logits: np.ndarray, path: Sequence[int]) -> int:

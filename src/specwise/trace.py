@@ -20,7 +20,9 @@ those records into figures; bench, server and CLI only display them. Definitions
 - TTFT = request arrival to the end of the first round that emitted a token (prefills included);
 - round 0 of a request turns the prefill's last logits into the first token: its forward is the
   prefill (RequestSummary.prefill_ms) and is not counted again in the round's verify_ms;
-- continuation speed = (emitted − 1) / (time of the last token − time of the first token).
+- continuation speed = (emitted − 1) / (time of the last token − time of the first token);
+- acceptance: a round decided by a lossy rule (`lossy`) names it; a summary names the rule of
+  any of its rounds, so pooled figures that include a lossy round are never called exact.
 
 This module does not time anything itself and never touches models.
 """
@@ -73,6 +75,7 @@ class RoundTrace:
     padded: int = 0  # filler tokens fed after the draft to align a batch (never verified)
     step: int | None = None  # the engine's step (rounds of one batch share it); None: round 0
     depth: int | None = None  # a tree draft's longest path; None: a chain (depth = proposed)
+    acceptance: str | None = None  # the lossy rule its request ran under (`lossy`); None: exact
 
     @property
     def reach(self) -> int:
@@ -185,6 +188,7 @@ class RequestSummary:
     verify_ms: float
     overhead_ms: float
     peak_rss_mb: float
+    acceptance: str = "exact"  # "exact", or the lossy rule that decided any of the rounds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,6 +237,7 @@ def summarize(
         verify_ms=verify_ms,
         overhead_ms=overhead_ms,
         peak_rss_mb=peak_rss_mb() if peak_rss is None else peak_rss,
+        acceptance=next((r.acceptance for r in rounds if r.acceptance), "exact"),
     )
 
 

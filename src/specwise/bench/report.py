@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from specwise.bench.runner import BASELINE
+from specwise.lossy import EXACT
 from specwise.trace import (
     RoundTrace,
     acceptance_per_position,
@@ -166,11 +167,17 @@ class Report:
     """The aggregated run: figures[category][sampling][spec], plus 'all' over categories."""
 
     def __init__(
-        self, figures: dict, recommendation: dict, run: dict, requests: dict | None = None
+        self,
+        figures: dict,
+        recommendation: dict,
+        run: dict,
+        requests: dict | None = None,
+        lossy: dict | None = None,
     ) -> None:
         self.figures, self.recommendation, self.run = figures, recommendation, run
         self.hindsight = against_hindsight(figures)
         self.requests = requests or {}  # by_request: sampling -> spec -> one row per prompt
+        self.lossy = lossy or {}  # lossy acceptance rules' figures, never among the above
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -179,6 +186,7 @@ class Report:
             "recommendation": self.recommendation,
             "auto_vs_hindsight": self.hindsight,
             "by_request": self.requests,
+            "lossy": self.lossy,
         }
 
     # -- text --------------------------------------------------------------------------------
@@ -200,6 +208,12 @@ class Report:
                     lines.append(f"→ {rec['text']}")
                 if _baseline(by_spec):
                     lines.append(f"  {_baseline_line(by_spec)}")
+        for cat, by_s in self.lossy.items():
+            for sampling, by_spec in by_s.items():
+                lines.append(
+                    f"\n{cat} · {sampling} · LOSSY acceptance (not the target's distribution)"
+                )
+                lines += [_lossy_line(spec, f) for spec, f in by_spec.items()]
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -260,6 +274,34 @@ class Report:
                         f"{', '.join(h['faster_than_auto']) or 'none'} |"
                     )
             out.append("")
+        if self.lossy:
+            out += [
+                "## Lossy acceptance rules: NOT the target's distribution",
+                "",
+                "Measured apart and in no table above. Speedup as above, against exact plain "
+                "decoding of the same prompts; Δ log-prob = the target's mean log-probability "
+                "of the output minus plain's (paired by prompt, ± its standard error): what the "
+                "rule cost in the target's own judgement; same as exact = the share of requests "
+                "whose output equals the same configuration's exact run with the same seed; "
+                "exact prefix = how much of that output it followed before parting, on average.",
+                "",
+                "| category | sampling | configuration | speedup | 95% CI | acceptance rate | τ | "
+                "Δ log-prob | same as exact | exact prefix |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            for cat, by_s in self.lossy.items():
+                for sampling, by_spec in by_s.items():
+                    for spec, f in by_spec.items():
+                        lo, hi = f["speedup_ci95"]
+                        d = f.get("logprob_diff") or {}
+                        out.append(
+                            f"| {cat} | {sampling} | {spec} | {_f(f['speedup_total'])}x | "
+                            f"{_f(lo)}–{_f(hi)} | {_f(f['acceptance_rate'])} | "
+                            f"{_f(f['mean_accepted_length'])} | {_f(d.get('mean'), '+.3f')} ± "
+                            f"{_f(d.get('se'), '.3f')} | {_f(100 * f['same_as_exact'], '.0f')}% | "
+                            f"{_f(100 * f['exact_prefix'], '.0f')}% |"
+                        )
+            out.append("")
         return "\n".join(out)
 
     def write(self, folder: Path) -> None:
@@ -298,6 +340,14 @@ def _row(spec: str, f: dict) -> str:
         f"{_f(f['goodput_tokens_per_ms'], '.4f'):>7} {_f(f['ttft_ms'], '.0f'):>8} "
         f"{_f(100 * (f['draft_share'] or 0), '.0f'):>6} {_f(100 * (f['verify_share'] or 0), '.0f'):>7} "
         f"{_equiv(f):>6}"
+    )
+
+
+def _lossy_line(spec: str, f: dict) -> str:
+    d = f.get("logprob_diff") or {}
+    return (
+        f"{spec:32} {_f(f['speedup_total'])}x  acc.rate {_f(f['acceptance_rate'])}  "
+        f"Δlogprob {_f(d.get('mean'), '+.3f')}  same as exact {_f(100 * f['same_as_exact'], '.0f')}%"
     )
 
 
@@ -453,14 +503,38 @@ def by_request(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
     return out
 
 
+def _lossy(records: list[dict], rounds_by: dict, plain_by: dict) -> dict:
+    """Figures of the lossy configurations, category -> sampling -> spec, each against the
+    exact plain run of the same prompts: speed, acceptance, and what the rule changed (the
+    target's mean log-probability against plain's, how often and how far it followed its own
+    configuration's exact sample)."""
+    groups: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        for cat in (rec["category"], "all"):
+            groups[(cat, rec["sampling"])][rec["spec"]].append(rec)
+    out: dict[str, dict[str, dict]] = {}
+    for (cat, sampling), by_spec in groups.items():
+        for spec, recs in by_spec.items():
+            plain = plain_by.get((cat, sampling), [])
+            f = _figures(recs, rounds_by.get((cat, recs[0]["config"]), []), plain)
+            f["equivalence_ok"] = None  # not the target's distribution, by design
+            f["same_as_exact"] = float(np.mean([r["check"]["same_as_exact"] for r in recs]))
+            f["exact_prefix"] = float(np.mean([r["check"]["exact_prefix"] for r in recs]))
+            out.setdefault(cat, {}).setdefault(sampling, {})[spec] = f
+    return out
+
+
 def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
-    """Aggregate request records and round records into a Report."""
+    """Aggregate request records and round records into a Report (lossy configurations, apart:
+    `Report.lossy`)."""
     fields = set(RoundTrace.__dataclass_fields__)
     rounds_by: dict[tuple, list[RoundTrace]] = defaultdict(list)
     for r in rounds:
         rt = RoundTrace(**{k: v for k, v in r.items() if k in fields})
         rounds_by[(r["category"], r["config"])].append(rt)
         rounds_by[("all", r["config"])].append(rt)
+    lossy = [r for r in records if r.get("acceptance", EXACT) != EXACT]
+    records = [r for r in records if r.get("acceptance", EXACT) == EXACT]
     groups: dict[tuple[str, str], dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for rec in records:
         for cat in (rec["category"], "all"):
@@ -480,4 +554,7 @@ def build(records: list[dict], rounds: Iterable[dict], run: dict) -> Report:
             _against_baseline(figs)
             figures.setdefault(cat, {})[sampling] = figs
             recommendation.setdefault(cat, {})[sampling] = _recommend(figs)
-    return Report(figures, recommendation, run, by_request(records))
+    plain_by = {key: by_spec.get("plain", []) for key, by_spec in groups.items()}
+    return Report(
+        figures, recommendation, run, by_request(records), _lossy(lossy, rounds_by, plain_by)
+    )

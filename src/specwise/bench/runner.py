@@ -13,6 +13,11 @@ equivalence checks run outside the timed part:
 - sampled: the target's mean log-probability (temperature 1) of the generated tokens, paired
   by prompt against plain; its difference must be within noise if the distribution is exact.
 
+With `Options.lossy`, every speculative configuration also runs, at temperatures > 0, under
+each lossy acceptance rule named (`spec` + " (lossy: RULE)"): the same seed as its exact run,
+recording how far it follows that run's sample (`same_as_exact`, `exact_prefix`) beside the
+mean log-probability; `report` keeps these out of every exact figure.
+
 A drafter that remembers earlier requests (suffix) learns from the run's earlier prompts, as
 it would in use, but never from its own prompt: not from the warm-up, not from another repeat
 or sampling setting of the same prompt. Each sampling setting has a memory of its own, as if
@@ -37,10 +42,12 @@ from specwise.controller import Controller
 from specwise.detok import pieces
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
+from specwise.lossy import EXACT
 from specwise.sampling import SamplingParams
 
 __all__ = [
     "BASELINE",
+    "LOSSY",
     "NEAR_TIE_FACTOR",
     "Config",
     "Options",
@@ -52,6 +59,7 @@ __all__ = [
 
 NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
 BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend or mode
+LOSSY = " (lossy: "  # + rule + ")": a speculative configuration under a lossy acceptance rule
 
 
 @dataclass(frozen=True)
@@ -62,12 +70,19 @@ class Config:
     k: int | str  # 0 for plain, a fixed k, or "auto"
     temperature: float
     top_p: float
+    acceptance: str = EXACT  # a lossy rule (`lossy`): measured apart, never in exact figures
 
     @property
-    def spec(self) -> str:
+    def engine(self) -> str:
+        """The engine that runs it (its spec with the exact rule)."""
         if self.drafter == "plain" or self.drafter.startswith((BASELINE, "auto[")):
             return self.drafter
         return "auto" if self.k == "auto" else f"{self.drafter} k={self.k}"
+
+    @property
+    def spec(self) -> str:
+        lossy = "" if self.acceptance == EXACT else f"{LOSSY}{self.acceptance})"
+        return self.engine + lossy
 
     @property
     def sampling(self) -> str:
@@ -91,6 +106,7 @@ class Options:
     repeats: int = 1
     multi_turn: bool = False
     seed: int = 0
+    lossy: list[str] = field(default_factory=list)  # lossy rules, run beside at temperature > 0
 
 
 class Runner:
@@ -152,6 +168,8 @@ class Runner:
                     auto = spec == "auto" or spec.startswith("auto[")
                     k_val: int | str = int(k) if k else ("auto" if auto else 0)
                     out.append(Config(drafter, k_val, t, p))
+                    if t > 0 and (k or auto):  # a lossy rule changes only what drafts
+                        out += [Config(drafter, k_val, t, p, rule) for rule in self.options.lossy]
         return out
 
     # -- running -----------------------------------------------------------------------------
@@ -223,7 +241,7 @@ class Runner:
                             seed=opts.seed + 1000 * pi + rep,
                             max_tokens=opts.max_tokens,
                         )
-                        res = self.engines[cfg.spec].generate(ids, params)
+                        res = self.engines[cfg.engine].generate(ids, params, cfg.acceptance)
                         results[cfg] = res
                         if progress:
                             progress(1)
@@ -232,6 +250,7 @@ class Runner:
 
     def _check_and_emit(self, prompt, rep, ids, results, on_request) -> None:
         plain = next(r for c, r in results.items() if c.drafter == "plain")
+        exact = {c.engine: r for c, r in results.items() if c.acceptance == EXACT}
         greedy = next(iter(results)).temperature == 0.0
         logprob = (
             {} if greedy else {c: self._mean_logprob(ids, r.tokens) for c, r in results.items()}
@@ -245,6 +264,10 @@ class Runner:
                 check = self._greedy_check(ids, plain.tokens, res.tokens)
             else:
                 check = {"mean_logprob": logprob[cfg], "n_tokens": len(res.tokens)}
+            if cfg.acceptance != EXACT:  # how far it follows the exact rule's sample
+                ref = exact[cfg.engine].tokens
+                check["same_as_exact"] = res.tokens == ref
+                check["exact_prefix"] = _common_prefix(res.tokens, ref) / max(1, len(ref))
             record = {
                 "config": cfg.key,
                 "spec": cfg.spec,
@@ -252,6 +275,7 @@ class Runner:
                 "k": cfg.k,
                 "temperature": cfg.temperature,
                 "top_p": cfg.top_p,
+                "acceptance": cfg.acceptance,
                 "sampling": cfg.sampling,
                 "category": prompt.category,
                 "prompt_id": prompt.id,
@@ -286,6 +310,12 @@ class Runner:
         m = logits.max(axis=1, keepdims=True)
         lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
         return float(np.mean(logits[np.arange(len(out)), out] - lse))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def logits_after(lm: LM, ids: list[int], out: list[int]) -> np.ndarray:

@@ -179,6 +179,16 @@ def publish(
         },
         "recommendation": report.recommendation,
         "auto_vs_hindsight": report.hindsight,
+        "lossy": {  # apart: not the target's distribution
+            cat: {
+                s: {
+                    spec: {k: f.get(k) for k in (*keep[:2], "logprob_diff", "same_as_exact")}
+                    for spec, f in by_spec.items()
+                }
+                for s, by_spec in by_s.items()
+            }
+            for cat, by_s in report.lossy.items()
+        },
         "equivalence_failures": failed,
         "out": str(out),
     }

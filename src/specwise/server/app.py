@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from specwise.engine import Engine
+from specwise.engine import Engine, check_acceptance
 from specwise.server import protocol
 from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
@@ -144,6 +144,10 @@ def create_app(
         except ValueError as exc:
             field = "speculative.drafter" if "drafter" in str(exc) else "speculative.k"
             raise ApiError(400, str(exc), field) from None
+        try:
+            check_acceptance(req.acceptance, req.params)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "speculative.acceptance") from None
         job = Job(
             job_id or protocol.new_id(chat),
             _tokenize(engine, req),
@@ -151,6 +155,7 @@ def create_app(
             asyncio.get_running_loop(),
             k=req.k,
             drafter=req.drafter,
+            acceptance=req.acceptance,
             tenant=tenant,
             label=protocol.label(req),
             **how,

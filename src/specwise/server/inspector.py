@@ -356,7 +356,7 @@ def _openai_body(body: dict) -> tuple[bool, dict]:
         out["messages"] = [{"role": "user", "content": prompt}]
     else:
         out["prompt"] = prompt
-    spec = {k: body[k] for k in ("k", "drafter") if body.get(k) not in (None, "")}
+    spec = {k: body[k] for k in ("k", "drafter", "acceptance") if body.get(k) not in (None, "")}
     if spec:
         out["speculative"] = spec
     return chat, out

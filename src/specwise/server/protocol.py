@@ -9,7 +9,9 @@ top or in a message), which are ignored, as vLLM does (OpenAI's own server refus
 chat message's content is a string or a list of text parts (joined by newlines); a `developer`
 message is a system message. Log-probabilities (`logprobs`; chat: `top_logprobs`) are the
 model's own at each emitted token (`sampling.token_logprobs`), in the chat or the legacy
-completions shape. This module holds no model, no queue and no HTTP server.
+completions shape. `speculative` {k, drafter, acceptance} is specwise's own: `acceptance` names
+a lossy rule (`lossy`), and every response's `speculative.acceptance` says which rule decided
+it ("exact" unless one was asked for). This module holds no model, no queue and no HTTP server.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specwise.lossy import EXACT, check_rule
 from specwise.sampling import MAX_LOGPROBS, SamplingParams, TokenLogprob
 
 __all__ = ["ApiError", "ParsedRequest", "error_body", "parse"]
@@ -67,6 +70,7 @@ class ParsedRequest:
     continuous_usage: bool  # usage in every chunk (as vLLM's `continuous_usage_stats`)
     k: int | str | None
     drafter: str | None
+    acceptance: str = "exact"  # `lossy`: a lossy rule's name, flagged in the response
 
 
 def _bad(field: str, message: str) -> ApiError:
@@ -249,6 +253,13 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
     drafter = spec.get("drafter")
     if drafter is not None and not isinstance(drafter, str):
         raise _bad("speculative.drafter", "'speculative.drafter' must be a string or null")
+    acceptance = spec.get("acceptance", EXACT)
+    if not isinstance(acceptance, str):
+        raise _bad("speculative.acceptance", "'speculative.acceptance' must be a string")
+    try:
+        check_rule(acceptance)
+    except ValueError as exc:
+        raise _bad("speculative.acceptance", str(exc)) from None
     return ParsedRequest(
         chat,
         model,
@@ -260,6 +271,7 @@ def parse(body: Any, chat: bool, model_names: list[str]) -> ParsedRequest:
         bool(opts.get("continuous_usage_stats", False)),
         k,
         drafter,
+        acceptance,
     )
 
 
@@ -280,6 +292,7 @@ def speculative_stats(summary) -> dict[str, Any]:
         "proposed": summary.proposed,
         "accepted": summary.accepted,
         "rounds": summary.rounds,
+        "acceptance": summary.acceptance,  # "exact", or the lossy rule used (`lossy`)
         "acceptance_rate": summary.acceptance_rate,
         "mean_accepted_length": summary.mean_accepted_length,
         "draft_ms": round(summary.draft_ms, 3),

@@ -55,6 +55,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     k: int | str | None = None
     drafter: str | None = None
+    acceptance: str = "exact"  # the acceptance rule (`lossy`)
     tenant: str | None = None  # whose request (a hash of its API key); None without keys
     arrival: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -218,6 +219,7 @@ class Scheduler:
                 k=job.k,
                 drafter=job.drafter,
                 inspect=job.inspect,
+                acceptance=job.acceptance,
             )
         except ValueError as exc:
             self.metrics.requests.labels("rejected").inc()

@@ -507,6 +507,9 @@ function tipHtml(r, i, n) {
   const keyCls = origin === "accepted" && r.drafter ? drafterClass(r.drafter).slice(8) : esc(origin);
   const out = [`<div class="tip-head">Round ${esc(r.round)} · ${esc(r.drafter || "plain")} · `
     + `<span class="key key-${keyCls}">${esc(origin)}</span></div>`];
+  if (r.acceptance) {
+    out.push(`<div class="tip-warn">LOSSY acceptance rule ${esc(r.acceptance)}: this round's tokens are not a sample of the target's distribution</div>`);
+  }
   if (d && d.params_changed) {
     out.push(`<div class="tip-warn">Sampling parameters changed in this round: ${esc(paramsText(d.params))}</div>`);
   }
@@ -674,6 +677,8 @@ function setupRoundsTable(details, rounds, text, lookup) {
 
 function requestHeadHtml(req) {
   const bits = [`<span class="state state-${esc(req.state)}">${esc(req.state)}</span>`];
+  const lossy = (req.rounds || []).find((r) => r.acceptance);
+  if (lossy) bits.push(`<span class="lossy">LOSSY: ${esc(lossy.acceptance)}, not the target's distribution</span>`);
   if (req.finish_reason) bits.push(`finish: ${esc(req.finish_reason)}`);
   bits.push(`id <code>${esc(req.id)}</code>`);
   return `<h1>${esc(req.label || req.id)}</h1><p class="req-meta">${bits.join(" · ")}</p>`;
@@ -767,6 +772,7 @@ function readRunForm() {
     seed: runEl("#seed").value.trim() === "" ? null : readNumber("#seed", "seed", true),
     k: parseK(runEl("#k").value),
     drafter: runEl("#drafter").value || null,
+    acceptance: runEl("#acceptance").value,
     paused: runEl("#paused").checked,
   };
 }
