@@ -171,6 +171,7 @@ class Bench:
         return {
             "run": self.summary.get("run", {}),
             "figures": figures,
+            "lossy": self.summary.get("lossy", {}),  # lossy rules' figures, shown apart
             "plots": sorted(p.name for p in self.folder.glob("*.png")),
             "configs": sorted({rec["config"] for rec in self.records.values()}),
             "categories": sorted({rec["category"] for rec in self.records.values()}),

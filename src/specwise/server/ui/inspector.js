@@ -949,11 +949,11 @@ function splitConfig(config) {
 }
 
 /**
- * category -> sampling -> spec -> {config, f}: the summary's figures, plus every config of the
- * run in every category (with no figures) so that each config can be opened even when the
- * summary has no figures for it.
+ * category -> sampling -> spec -> {config, f}: the figures given, plus every config given in
+ * every category (with no figures) so that each config can be opened even when the summary has
+ * no figures for it.
  */
-function benchGrid(bench) {
+function benchGrid(figures, configs, categoryList) {
   const grid = new Map();
   const put = (category, sampling, spec, config, f) => {
     if (!grid.has(category)) grid.set(category, new Map());
@@ -962,13 +962,13 @@ function benchGrid(bench) {
     const bySpec = bySampling.get(sampling);
     if (!bySpec.has(spec)) bySpec.set(spec, { config, f });
   };
-  for (const [category, bySampling] of Object.entries(bench.figures || {})) {
+  for (const [category, bySampling] of Object.entries(figures || {})) {
     for (const [sampling, bySpec] of Object.entries(bySampling)) {
       for (const [spec, f] of Object.entries(bySpec)) put(category, sampling, spec, `${spec} | ${sampling}`, f);
     }
   }
-  const categories = bench.categories && bench.categories.length ? bench.categories : ["all"];
-  for (const config of bench.configs || []) {
+  const categories = categoryList && categoryList.length ? categoryList : ["all"];
+  for (const config of configs) {
     const [spec, sampling] = splitConfig(config);
     for (const category of categories) put(category, sampling, spec, config, {});
   }
@@ -989,12 +989,22 @@ function benchTableHtml(category, sampling, specs) {
     + ` data-sampling="${esc(sampling)}"><thead><tr>${head}</tr></thead><tbody>${rows.join("")}</tbody></table>`;
 }
 
+/** The exact configurations' tables, then, apart, those of lossy acceptance rules. */
 function benchTablesHtml(bench) {
-  const tables = [];
-  for (const [category, bySampling] of benchGrid(bench)) {
-    for (const [sampling, specs] of bySampling) tables.push(benchTableHtml(category, sampling, specs));
-  }
-  return tables.join("");
+  const isLossy = (config) => config.includes(" (lossy: ");
+  const configs = bench.configs || [];
+  const tablesOf = (grid) => {
+    const tables = [];
+    for (const [category, bySampling] of grid) {
+      for (const [sampling, specs] of bySampling) tables.push(benchTableHtml(category, sampling, specs));
+    }
+    return tables.join("");
+  };
+  const exact = tablesOf(benchGrid(bench.figures, configs.filter((c) => !isLossy(c)), bench.categories));
+  const lossyConfigs = configs.filter(isLossy);
+  if (!lossyConfigs.length) return exact;
+  return exact + '<h2 class="lossy-head"><span class="lossy">Lossy acceptance rules: NOT the target\'s distribution</span></h2>'
+    + tablesOf(benchGrid(bench.lossy, lossyConfigs, bench.categories));
 }
 
 const PICKER_HTML = `<section id="compare-picker" class="compare-picker">
