@@ -235,3 +235,14 @@ def test_a_paused_job_holding_the_only_slot_leaves_the_queue_waiting_without_spi
     finally:
         sched.close()
         loop.close()
+
+
+def test_a_session_body_obeys_the_servers_body_limit_even_when_chunked(server):
+    def chunks():  # no content-length: the limit is enforced while reading
+        for _ in range(5):
+            yield b" " * (1 << 20)
+
+    r = httpx.post(f"{server}/ui/api/sessions", content=chunks(), headers=auth("key-a"))
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    ok = httpx.get(f"{server}/ui/api/info", headers=auth("key-a"))
+    assert ok.status_code == 200  # and the server goes on

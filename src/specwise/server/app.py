@@ -197,7 +197,17 @@ def create_app(
         return await handle(request, chat=True)
 
     max_paused = max(1, max_batch // 2)  # paused sessions may hold at most half the slots
-    add_routes(app, Live(engine, model_name, lambda: state["scheduler"], start, max_paused))
+    add_routes(
+        app,
+        Live(
+            engine,
+            model_name,
+            lambda: state["scheduler"],
+            start,
+            max_paused,
+            lambda request: _read_json(request, max_body_bytes),
+        ),
+    )
 
     return app
 

@@ -18,7 +18,7 @@ import asyncio
 import json
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,22 +43,21 @@ PAUSED_IDLE_S = 600.0  # a paused session with no step for this long is cancelle
 STEP_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 
-def _sse(obj: dict) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'), default=_finite)}\n\n".encode()
-
-
-def _finite(x: Any) -> Any:
-    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
-
-
-def _json(obj: Any) -> Response:
+def _text(obj: Any) -> str:
     """JSON with NaN and infinities as null (the page's JSON.parse takes nothing else); the
     walk that replaces them runs only when there are some."""
     try:
-        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        text = json.dumps(_clean(obj), separators=(",", ":"))
-    return Response(text, media_type="application/json")
+        return json.dumps(_clean(obj), separators=(",", ":"))
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {_text(obj)}\n\n".encode()
+
+
+def _json(obj: Any) -> Response:
+    return Response(_text(obj), media_type="application/json")
 
 
 def _clean(x: Any) -> Any:
@@ -74,8 +73,9 @@ def _clean(x: Any) -> Any:
 class Live:
     """A running server's requests, as the inspector shows them. `start(body, tenant, ...)`
     `start(body, chat, tenant, job_id, **how)` turns an OpenAI-style body into a queued `Job`
-    exactly as the API does (raising `ApiError`); the scheduler is looked up when needed (it
-    lives as long as the app)."""
+    exactly as the API does (raising `ApiError`), and `read_json` reads a body as the API does
+    (within its size limit); the scheduler is looked up when needed (it lives as long as the
+    app)."""
 
     def __init__(
         self,
@@ -84,9 +84,11 @@ class Live:
         scheduler: Callable[[], Scheduler],
         start: Callable[..., tuple[Any, Job]],
         max_paused: int,
+        read_json: Callable[[Request], Awaitable[Any]],
     ) -> None:
         self.engine, self.model = engine, model
         self.scheduler, self.start, self.max_paused = scheduler, start, max_paused
+        self.read_json = read_json
         self.sessions: dict[str, Job] = {}
 
     def info(self) -> dict[str, Any]:
@@ -241,7 +243,7 @@ def _live_routes(app: FastAPI, live: Live, tenant: Callable[[Request], str | Non
 
     @app.post("/ui/api/sessions")
     async def create(request: Request) -> Response:
-        body = await _body(request)
+        body = await _body(live, request)
         paused = body.get("paused", False)
         if not isinstance(paused, bool):
             raise ApiError(400, "'paused' must be true or false", "paused")
@@ -306,7 +308,7 @@ def _live_routes(app: FastAPI, live: Live, tenant: Callable[[Request], str | Non
     @app.post("/ui/api/sessions/{sid}/step")
     async def step(request: Request, sid: str) -> Response:
         job = session(request, sid)
-        settings = _step_settings(live.engine, job, await _body(request))
+        settings = _step_settings(live.engine, job, await _body(live, request))
         live.scheduler().grant(job, settings)
         return _json({"ok": True})
 
@@ -332,11 +334,9 @@ def _drop_unwatched(live: Live, sid: str) -> None:
         live.sessions.pop(sid, None)
 
 
-async def _body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+async def _body(live: Live, request: Request) -> dict:
+    """A request body as a JSON object (an empty body: {})."""
+    body = await live.read_json(request) if request.headers.get("content-length") != "0" else {}
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
