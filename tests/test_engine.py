@@ -285,6 +285,8 @@ def test_a_prompt_fed_in_chunks_decodes_as_one_fed_whole():
         assert res.tokens == want, budget
         s = res.summary
         parts = s.prefill_ms + s.draft_prefill_ms + sum(r.round_ms for r in res.rounds)
-        assert parts == pytest.approx(s.total_ms, rel=0.01)
+        assert parts == pytest.approx(
+            s.total_ms, rel=0.01, abs=0.5
+        )  # abs: the tail before `finish`
     with pytest.raises(ValueError, match="a prefill budget of 0 tokens is invalid"):
         eng.prefill(eng.admit(prompt, params), 0)

@@ -253,7 +253,7 @@ class Engine:
             first = Proposal(None, Draft([], None), emitted=emitted)
             req.clock = req.arrival + req.prefill_ms / _ms  # round 0's overhead: the rest
             self._record(req, first, verdict, 0.0, 0.0, 1, logits=last)
-            t2 = time.perf_counter()
+            t2 = req.clock  # round 0's end: the drafters' prefill starts where it stops
             # With k="auto", drafters that cost a forward per token are prefilled lazily, when the
             # controller first picks them: a request that never uses one does not pay for it.
             # An inspected request begins every cheap drafter: a step may switch to any.
