@@ -742,3 +742,52 @@ def test_the_ttft_script_measures_a_short_request_behind_a_long_one(server):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("short alone ") and "behind a 150-word prompt" in done.stdout
+
+
+def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chunk():
+    """A prompt's chunk may take seconds on a CPU: a request cancelled during a round is
+    ended (its caches released, counted cancelled) before the scheduler feeds the chunk."""
+    import asyncio
+
+    from specwise.sampling import SamplingParams
+    from specwise.server.metrics import Metrics
+    from specwise.server.scheduler import Job, Scheduler
+    from toy import ToyLM
+
+    toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
+    toy.exact = False  # an exact target takes whole prompts
+    engine = Engine(toy, [NgramDrafter()], k=2)
+    sched = Scheduler(engine, Metrics(), max_batch=2, prefill_chunk=4)
+    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    short = Job("short", [1, 2, 3], SamplingParams(max_tokens=200), loop)
+    long = Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop)
+    seen: list[str] = []  # the short job's state at each prefill of the long one
+    step, prefill = engine.step, engine.prefill
+
+    def step_and_leave(reqs):
+        out = step(reqs)
+        if long.state == "prefilling":
+            sched.cancel(short)  # its client leaves while the round runs
+        return out
+
+    def watched(req, budget=None, tenant=None):
+        if req is long.req:
+            seen.append(short.state)
+        return prefill(req, budget, tenant)
+
+    engine.step, engine.prefill = step_and_leave, watched
+    try:
+        sched.submit(short)
+        deadline = time.monotonic() + 30
+        while short.state != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sched.submit(long)
+        while long.state not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        sched.close()
+        loop.close()
+    assert short.state == "cancelled" and long.state == "done"
+    assert len(seen) > 1 and set(seen) == {"cancelled"}, seen  # admitted first, it ran a round

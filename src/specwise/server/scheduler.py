@@ -2,7 +2,9 @@
 
 Each loop: admit waiting requests up to `max_batch`, drop cancelled ones (their caches released
 at once), run ONE engine round over every running sequence (drafts for each, one batched target
-forward), publish each request's new text to its asyncio queue, then feed prefilling requests up
+forward), publish each request's new text to its asyncio queue, drop the requests cancelled meanwhile
+(a chunk may take seconds on a CPU; a client that left waits for none), then feed prefilling
+requests up
 to `prefill_chunk` prompt tokens, the shortest remaining prompt first: a long prompt delays the
 running streams by one chunk a round, not by its whole prefill, and a short request arriving
 behind it starts within a chunk. A request joins the rounds once its prompt is in. In exact mode
@@ -180,16 +182,21 @@ class Scheduler:
                 self.metrics.queue_depth.set(len(self._pending))
             for job in admit:
                 self._admit(job)
-            for job in [j for j in self._running + self._prefilling if j.cancelled]:
-                self._end(job, "cancelled")
+            self._drop_cancelled()
             if any(not j.held for j in self._running):
                 self._round()
                 self._save_learning()
+                self._drop_cancelled()  # a client that left during the round: before a chunk
             self._prefill()
         for job in self._running + self._prefilling + list(self._pending):
             job.emit("error", (503, "the server is shutting down"))
             if job.req is not None:
                 self.engine.finish(job.req)
+
+    def _drop_cancelled(self) -> None:
+        """End the admitted jobs whose clients left (their caches released now)."""
+        for job in [j for j in self._running + self._prefilling if j.cancelled]:
+            self._end(job, "cancelled")
 
     def _ready(self) -> bool:
         """There is work: a job to admit (a free slot), to drop, or that can go on. (Paused
