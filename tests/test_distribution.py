@@ -18,7 +18,7 @@ from specwise.backends.torch_hf import TorchLM
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.sampling import warp
 from specwise.verify import Verdict
-from toy import ToyLM, tiny_llama
+from toy import ToyLM, cross_pair, tiny_llama
 
 WINDOW = slice(0, 3)  # tokens 1 to 3
 MAX_TOKENS = 4  # so round 1 may propose 2 tokens
@@ -89,6 +89,20 @@ def test_model_drafter_distribution(name):
         sampled_counts(engine, PROMPT, params, n), exact_joint(target, PROMPT, params), n
     )
     assert p > 1e-3, p
+
+
+@pytest.mark.parametrize("name", ["T=1", "top_p=0.8"])
+def test_a_draft_model_with_another_tokenizer_distribution(name, monkeypatch, tmp_path):
+    """TLI: the draft restricted to the tokens both vocabularies share (tests/test_vocab_map.py
+    enumerates one round exactly; this runs whole requests through the engine)."""
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    target, draft = cross_pair()
+    engine = Engine(target, ModelDrafter(draft), k=3)
+    params = PARAMS[name]
+    prompt = [7, 1, 2, 4, 3, 1, 4, 2]
+    n = 6000
+    counts = sampled_counts(engine, prompt, params, n)
+    assert chi2_pvalue(counts, exact_joint(target, prompt, params), n) > 1e-3
 
 
 def test_ngram_point_mass_distribution():

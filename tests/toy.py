@@ -1,5 +1,6 @@
-"""Test helpers: a numpy LM, tiny random transformers models, and an enumerating sampler that
-turns any function of a Sampler into its exact output distribution."""
+"""Test helpers: a numpy LM, a tokenizer over a list of pieces, tiny random transformers models,
+and an enumerating sampler that turns any function of a Sampler into its exact output
+distribution."""
 
 from __future__ import annotations
 
@@ -30,6 +31,45 @@ SUMMARY_KEYS = {
     "overhead_ms",
     "peak_rss_mb",
 }
+
+
+class ToyTokenizer:
+    """The Tokenizer protocol over a list of pieces: "<...>" pieces are special (decoded to
+    nothing, parsed when written in a text), the rest are text; encoding takes the longest
+    piece at each point (every text must be made of pieces). `bos`: the piece a context opens
+    with when `add_special`."""
+
+    def __init__(self, pieces: Sequence[str], bos: str | None = None) -> None:
+        self.pieces = list(pieces)
+        self.n_tokens = len(pieces)
+        self.eos_token_ids = frozenset()
+        self._id = {}
+        for i, piece in enumerate(pieces):
+            self._id.setdefault(piece, i)
+        self._bos = None if bos is None else self._id[bos]
+
+    def _special(self, i: int) -> bool:
+        return self.pieces[i].startswith("<") and self.pieces[i].endswith(">")
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        out = [self._bos] if add_special and self._bos is not None else []
+        i = 0
+        while i < len(text):
+            best = max((p for p in self._id if text.startswith(p, i)), key=len, default=None)
+            if best is None:
+                raise ValueError(f"no piece for {text[i:]!r}")
+            out.append(self._id[best])
+            i += len(best)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.pieces[i] for i in ids if not self._special(i))
+
+    def render_chat(self, messages):
+        return self.encode("".join(m["content"] for m in messages))
+
+    def token_text(self, token_id: int) -> str:
+        return self.pieces[token_id]
 
 
 class ToyLM:
@@ -146,6 +186,21 @@ def tiny_llama(
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
     return model.eval()
+
+
+# A target's and a draft's pieces for drafting across tokenizers: "a", "b", "c", "ab" and both
+# specials are shared; "ba", "cc" are the target's alone, "bc", "ca" the draft's alone.
+CROSS_TARGET = ["<s>", "a", "b", "c", "ab", "ba", "cc", "<|im|>"]
+CROSS_DRAFT = ["<s>", "<|im|>", "c", "bc", "a", "ca", "b", "ab"]
+
+
+def cross_pair(seed: int = 1) -> tuple[ToyLM, ToyLM]:
+    """(target, draft) ToyLMs with the tokenizers of CROSS_TARGET and CROSS_DRAFT."""
+    target = ToyLM(vocab=len(CROSS_TARGET), seed=seed, scale=1.5)
+    target.tokenizer = ToyTokenizer(CROSS_TARGET)
+    draft = ToyLM(vocab=len(CROSS_DRAFT), seed=seed + 10, scale=1.5)
+    draft.tokenizer = ToyTokenizer(CROSS_DRAFT, bos="<s>")
+    return target, draft
 
 
 class StubDrafter:

@@ -51,7 +51,11 @@ def _params(a: argparse.Namespace) -> SamplingParams:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
     p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
-    p.add_argument("--draft", help="draft model with the target's tokenizer (name or path)")
+    p.add_argument(
+        "--draft",
+        help="draft model (name or path); with another tokenizer than the target's it drafts "
+        "on the tokens both share",
+    )
     p.add_argument(
         "--drafter",
         help="drafters, comma separated (model, ngram, suffix, suffix-chain); default with --k "
@@ -192,7 +196,11 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
         from specwise.controller import Controller
 
         controller = Controller.calibrated(target, drafters)
-    return Engine(target, drafters, k=a.k, trace=trace, controller=controller)
+    engine = Engine(target, drafters, k=a.k, trace=trace, controller=controller)
+    for d in drafters:  # what binding found, e.g. a draft model with another tokenizer
+        if getattr(d, "note", None):
+            print(f"specwise: {d.name} drafter: {d.note}", file=sys.stderr)
+    return engine
 
 
 def _save_memory(a: argparse.Namespace, engine) -> None:

@@ -1,10 +1,17 @@
-"""`ModelDrafter`: a small LM with the target's tokenizer proposes k tokens one at a time.
+"""`ModelDrafter`: a small LM proposes k tokens one at a time.
 
 Greedy requests take the draft model's argmax (a point-mass draft); sampled requests draw each
 token from q = warp(draft logits, the request's params) with the request's sampler and return
 q, so the lossless rule can use it. The draft cache is rolled back to the accepted prefix in
 `commit`; when all k tokens were accepted the last one is fed at the next `propose` (one call
-of two tokens instead of two calls of one). This module does not verify anything.
+of two tokens instead of two calls of one).
+
+A draft model with another tokenizer than the target's (found in `bind`) drafts on the tokens
+both vocabularies share (`VocabMap`, TLI): its logits outside them are -inf before the argmax
+or the warp, the token it picks is mapped to the target's id, and q is spread over the
+target's ids (one-to-one), so the same lossless rules verify it. It reads its context in its
+own tokens: the prompt and each committed run of target tokens re-tokenized (`translate`),
+its own accepted tokens as they were. This module does not verify anything.
 """
 
 from __future__ import annotations
@@ -16,8 +23,11 @@ import numpy as np
 from specwise.backends.base import LM, check_same_vocab, fit_width
 from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
+from specwise.vocab_map import VocabMap
 
 __all__ = ["ModelDrafter"]
+
+MIN_SHARED = 0.1  # the part of its vocabulary a draft model must share with the target's
 
 
 @register("model")
@@ -29,7 +39,11 @@ class ModelDrafter:
         self.lm = lm
         self.width = lm.vocab_size  # the target's logits width, set by bind
         self.note: str | None = None  # what bind noticed about the vocabularies
-        self._base: dict[int, int] = {}  # seq -> len(context) at the last propose
+        self.vocab: VocabMap | None = None  # set by bind when the tokenizers differ
+        self._ids: dict[int, list[int]] = {}  # seq -> the draft's tokens for context[:_done]
+        self._done: dict[int, int] = {}  # seq -> target tokens the draft's tokens stand for
+        self._base: dict[int, tuple[int, int]] = {}  # seq -> (_done, len(_ids)) at propose
+        self._drafted: dict[int, list[int]] = {}  # seq -> the last draft, in draft ids
         info = lm.info
         self.fingerprint = f"model:{info.backend}:{info.fingerprint}:{info.threads}"
 
@@ -39,17 +53,50 @@ class ModelDrafter:
                 "the draft model must be its own LM instance, not the target's (each keeps its "
                 "own caches); load the model a second time"
             )
-        self.note = check_same_vocab(target, self.lm)
         self.width = target.vocab_size
+        try:
+            self.note = check_same_vocab(target, self.lm)
+            return
+        except ValueError:
+            if target.tokenizer is None or self.lm.tokenizer is None:
+                raise
+        vocab = VocabMap.for_pair(target.tokenizer, self.lm.tokenizer)
+        n = self.lm.tokenizer.n_tokens
+        if vocab.shared < MIN_SHARED * n:
+            raise ValueError(
+                f"the draft model shares {vocab.shared} of its {n} tokens with the target's "
+                f"vocabulary (at least {MIN_SHARED:.0%} are needed to draft); pick another "
+                f"draft model"
+            )
+        self.vocab = vocab
+        self.note = (
+            f"the draft model has another tokenizer: it drafts on the {self.vocab.shared} "
+            f"tokens both vocabularies share ({target.tokenizer.n_tokens} in the target's)"
+        )
+
+    def _sync(self, seq: int, context: Sequence[int]) -> list[int]:
+        """The draft's tokens for the whole context (the new target tokens translated)."""
+        done = self._done.get(seq)
+        if self.vocab is None:
+            ids = self._ids.setdefault(seq, [])
+            ids.extend(context[len(ids) :])
+        elif done is None:
+            ids = self._ids[seq] = self.vocab.translate(context, first=True)
+        else:
+            ids = self._ids[seq]
+            ids.extend(self.vocab.translate(context[done:]))
+        self._done[seq] = len(context)
+        return ids
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
-        if len(prompt) > self.lm.context_length:
+        ids = self._sync(seq, prompt)
+        if len(ids) > self.lm.context_length:
             raise ValueError(
-                f"the prompt has {len(prompt)} tokens; the draft model's context holds "
+                f"the prompt has {len(ids)} tokens for the draft model; its context holds "
                 f"{self.lm.context_length}"
             )
-        if len(prompt) > 1:
-            self.lm.forward([(seq, prompt[:-1])], last_only=True)
+        if len(ids) > 1:
+            self.lm.forward([(seq, ids[:-1])], last_only=True)
 
     def propose(
         self,
@@ -60,44 +107,56 @@ class ModelDrafter:
         sampler: Sampler,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
-        self._base[seq] = len(context)
-        room = self.lm.context_length - len(context)
-        k = min(k, room)
+        ids = self._sync(seq, context)
+        self._base[seq] = (len(context), len(ids))
+        self._drafted[seq] = drafted = []
+        k = min(k, self.lm.context_length - len(ids))
         if k <= 0:
             return Draft([], None)
-        if self.lm.length(seq) >= len(context):  # a failed round left drafts behind: drop
-            self.lm.truncate(seq, len(context) - 1)  # them, and feed the last token again
-        feed = list(context[self.lm.length(seq) :])  # catch up: at least the last token
+        if self.lm.length(seq) >= len(ids):  # a failed round left drafts behind: drop
+            self.lm.truncate(seq, len(ids) - 1)  # them, and feed the last token again
+        feed = list(ids[self.lm.length(seq) :])  # catch up: at least the last token
+        vocab = self.vocab
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         conf: list[float] = []
         for i in range(k):
-            logits = fit_width(self.lm.forward([(seq, feed)], last_only=True)[0][-1], self.width)
+            row = self.lm.forward([(seq, feed)], last_only=True)[0][-1]
+            logits = fit_width(row, self.width) if vocab is None else vocab.restrict(row)
             if params.greedy:
                 x = int(np.argmax(logits))
                 conf.append(float(1.0 / np.exp(logits - logits[x]).sum()))  # softmax at x
             else:
-                q = warp(logits, params)  # [V]
+                q = warp(logits, params)  # [V] (the draft's V when the vocabularies differ)
                 x = sampler.categorical(q)
-                qs.append(q)
+                qs.append(q if vocab is None else vocab.spread(q, self.width))
                 conf.append(float(q[x]))
-            tokens.append(x)
+            drafted.append(x)
+            tokens.append(x if vocab is None else int(vocab.to_target[x]))
             if i + 1 == k or (keep_going is not None and not keep_going(i + 1, conf[-1])):
                 break
             feed = [x]
         return Draft(tokens, np.stack(qs) if qs else None, conf)
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
-        keep = self._base.pop(seq, self.lm.length(seq)) + accepted
-        if self.lm.length(seq) > keep:
-            self.lm.truncate(seq, keep)
+        if seq not in self._base:
+            return
+        done, n_ids = self._base.pop(seq)
+        ids = self._ids[seq]
+        del ids[n_ids:]
+        ids.extend(self._drafted.pop(seq, [])[:accepted])
+        self._done[seq] = done + accepted
+        if self.lm.length(seq) > len(ids):
+            self.lm.truncate(seq, len(ids))
 
     def end(self, seq: int) -> None:
-        self._base.pop(seq, None)
+        for state in (self._ids, self._done, self._base, self._drafted):
+            state.pop(seq, None)
         self.lm.release(seq)
 
     def lag(self, seq: int, context: Sequence[int]) -> int:
-        return max(0, len(context) - 1 - self.lm.length(seq))
+        behind = len(context) - self._done.get(seq, 0)  # target tokens not translated yet
+        return max(0, len(self._ids.get(seq, ())) + behind - 1 - self.lm.length(seq))
 
     def measure_cost(self) -> tuple[float, float]:
         from specwise.costs import measure_curve
