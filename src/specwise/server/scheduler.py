@@ -39,7 +39,7 @@ __all__ = ["Job", "QueueFull", "Scheduler"]
 
 log = logging.getLogger(__name__)
 SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
-PREFILL_CHUNK = 128  # default prompt tokens fed between two rounds
+PREFILL_CHUNK = 64  # default prompt tokens fed between two rounds (BENCHMARKS §8: the trade)
 RECENT = 64  # finished jobs kept for the inspector's list
 
 
