@@ -1,6 +1,6 @@
 """TTFT of a short chat request alone, and when it arrives one second after a long prompt
 started its prefill: is the short request held behind the long one? (Any OpenAI-compatible
-server; compare `specwise serve --prefill-chunk 128` with `--prefill-chunk 0`.) Medians over
+server; compare `specwise serve --prefill-chunk 64` with `--prefill-chunk 0`.) Medians over
 --trials.
 
 Usage: python scripts/ttft_behind_long.py --url http://127.0.0.1:8000 [--long-words 1500]

@@ -101,6 +101,28 @@ def test_a_library_that_dies_in_the_probe_falls_back_to_llama_cpp(
 
 
 @needs_ik
+def test_a_draft_ik_llama_cannot_run_runs_on_llama_cpp_beside_an_ik_target(
+    gemma_path, smollm2_path, monkeypatch, capsys
+):
+    """The target keeps the backend that verifies cheaply; only the draft falls back (the
+    two libraries in one process), and the pair drafts (here across tokenizers)."""
+    from specwise import Engine, SamplingParams
+    from specwise.drafters import ModelDrafter
+
+    monkeypatch.setattr(
+        ik_llama, "usable_flash_attn", lambda p, batched: None if p == smollm2_path else False
+    )
+    monkeypatch.setattr(ik_llama, "probe", lambda p, *a, **k: "wrong logits (as here)")
+    target, draft = load_pair(gemma_path, smollm2_path, backend="ik_llama", max_sequences=1)
+    assert (target.info.backend, draft.info.backend) == ("ik_llama", "llama_cpp")
+    assert "the draft model runs on llama_cpp: wrong logits (as here)" in capsys.readouterr().err
+    res = Engine(target, ModelDrafter(draft), k=3).generate(
+        target.tokenizer.encode("One, two, three,"), SamplingParams(max_tokens=12)
+    )
+    assert res.summary.emitted == 12 and res.summary.proposed > 0
+
+
+@needs_ik
 def test_the_probe_passes_here_and_is_remembered(gemma_path, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     assert ik_llama.probe(gemma_path) is None

@@ -38,7 +38,8 @@ def load_pair(
 ) -> tuple[LM, LM | None]:
     """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
     on torch, a GGUF file on the backend measured best for the target on this machine (the
-    draft, probed too, runs on the same one). max_sequences: sequences one llama.cpp context
+    draft, probed too, runs on the same one, or alone on llama_cpp where ik_llama cannot run
+    it: the target keeps the cheap verification). max_sequences: sequences one llama.cpp context
     serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
     ik_llama once its probe found it exact on this machine, else on mainline llama.cpp a
     forward a token (`_exact_gguf`)."""
@@ -52,19 +53,26 @@ def load_pair(
 
         kind = choose(*gguf, threads=threads).backend
     flash: dict[Path, bool] = {}
+    kinds = ["torch" if p.is_dir() and backend in (None, "auto") else kind for p in paths]
     if kind == "ik_llama":
         from specwise.backends.ik_llama import probe, usable_flash_attn
 
-        for p in gguf:
+        for i, p in enumerate(paths):
+            if kinds[i] != "ik_llama" or p.is_dir():
+                continue
             flash[p] = usable_flash_attn(p, batched=max_sequences > 1)
-            if flash[p] is None:
-                why = probe(p, False, max_sequences > 1)
-                if backend == "ik_llama":
-                    raise ValueError(f"--backend ik_llama cannot run here: {why}")
-                print(f"specwise: using llama_cpp instead of ik_llama: {why}", file=sys.stderr)
-                kind = "llama_cpp"
-                break
-    kinds = ["torch" if p.is_dir() and backend in (None, "auto") else kind for p in paths]
+            if flash[p] is not None:
+                continue
+            why = probe(p, False, max_sequences > 1)
+            if i == 1:  # the draft alone: the target keeps the backend that verifies cheaply
+                print(f"specwise: the draft model runs on llama_cpp: {why}", file=sys.stderr)
+                kinds[1] = "llama_cpp"
+                continue
+            if backend == "ik_llama":
+                raise ValueError(f"--backend ik_llama cannot run here: {why}")
+            print(f"specwise: using llama_cpp instead of ik_llama: {why}", file=sys.stderr)
+            kinds = ["llama_cpp" if k == "ik_llama" else k for k in kinds]
+            break
     if exact and kinds[0] != "torch":
         kinds[0] = _exact_gguf(paths[0], backend, max_sequences)
     lms = [
