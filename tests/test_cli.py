@@ -36,6 +36,21 @@ def test_generate_json_ngram_and_model_drafter(smollm2_path, capsys, tmp_path):
     assert len(rows) == model["summary"]["rounds"] and rows[1]["drafter"] == "model"
 
 
+def test_generate_with_a_draft_model_of_another_tokenizer(gemma_path, smollm2_path, capsys):
+    """Gemma 3 drafted by SmolLM2 (two vocabularies): it says so, drafts, and sampling with a
+    seed runs (greedy equality across tokenizers: tests/test_vocab_map.py)."""
+    base = ["--target", str(gemma_path), "--max-tokens", "12", "--backend", "llama_cpp"]
+    assert (
+        main(["generate", "--json", *base, "--draft", str(smollm2_path), "--k", "3", PROMPT]) == 0
+    )
+    said = capsys.readouterr()
+    assert "model drafter: the draft model has another tokenizer" in said.err
+    out = json.loads(said.out.strip().splitlines()[-1])
+    assert out["summary"]["emitted"] == 12 and out["summary"]["proposed"] > 0
+    args = [*base, "--draft", str(smollm2_path), "--k", "3", "--temperature", "0.8"]
+    assert run_json(capsys, *args, "--seed", "3", PROMPT)["summary"]["emitted"] == 12
+
+
 def test_generate_prints_text_then_named_figures(smollm2_path, capsys):
     assert (
         main(

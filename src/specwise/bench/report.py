@@ -160,7 +160,44 @@ def _figures(records: list[dict], rounds: list[RoundTrace], plain: list[dict]) -
         fig["logprob_diff"] = {"mean": mean, "se": se, "z": z, "n": len(d)}
         # Too few pairs give no usable noise estimate: then the check is reported, not judged.
         fig["equivalence_ok"] = None if len(d) < SAMPLED_MIN_N else not abs(z) > SAMPLED_Z
+    if checks and "passed" in checks[0]:
+        fig.update(_pass_at_1(records, plain))
     return fig
+
+
+def _pass_at_1(records: list[dict], plain: list[dict]) -> dict[str, Any]:
+    """pass@1 (the share of answers whose program passed the problem's tests) and its change
+    against plain decoding of the same prompts: the mean of paired differences, with a 95%
+    bootstrap interval over prompts."""
+    passed = {(r["prompt_id"], r["repeat"]): r["check"]["passed"] for r in plain}
+    diffs = [
+        float(r["check"]["passed"]) - float(passed[(r["prompt_id"], r["repeat"])])
+        for r in records
+        if (r["prompt_id"], r["repeat"]) in passed
+    ]
+    rng = np.random.default_rng(0)
+    means = [float(np.mean(rng.choice(diffs, len(diffs)))) for _ in range(2000)] if diffs else []
+    return {
+        "pass_at_1": float(np.mean([r["check"]["passed"] for r in records])),
+        "pass_at_1_delta": {
+            "mean": float(np.mean(diffs)) if diffs else math.nan,
+            "ci95": (
+                (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
+                if means
+                else (math.nan, math.nan)
+            ),
+            "n": len(diffs),
+        },
+    }
+
+
+def _pass_text(f: dict) -> str:
+    """pass@1 and its change against plain, for a line or a cell ("-" where not measured)."""
+    if "pass_at_1" not in f:
+        return "-"
+    d = f["pass_at_1_delta"]
+    lo, hi = d["ci95"]
+    return f"{_f(100 * f['pass_at_1'], '.0f')}% (Δ {_f(100 * d['mean'], '+.0f')} pts, {_f(100 * lo, '+.0f')} to {_f(100 * hi, '+.0f')})"
 
 
 class Report:
@@ -208,6 +245,11 @@ class Report:
                     lines.append(f"→ {rec['text']}")
                 if _baseline(by_spec):
                     lines.append(f"  {_baseline_line(by_spec)}")
+                passed = [
+                    f"{spec} {_pass_text(f)}" for spec, f in by_spec.items() if "pass_at_1" in f
+                ]
+                if passed:
+                    lines.append("  pass@1: " + "; ".join(passed))
         for cat, by_s in self.lossy.items():
             for sampling, by_spec in by_s.items():
                 lines.append(
@@ -274,6 +316,26 @@ class Report:
                         f"{', '.join(h['faster_than_auto']) or 'none'} |"
                     )
             out.append("")
+        passed = [
+            (cat, sampling, spec, f)
+            for cat, by_s in self.figures.items()
+            for sampling, by_spec in by_s.items()
+            for spec, f in by_spec.items()
+            if "pass_at_1" in f
+        ]
+        if passed:
+            out += [
+                "## pass@1: the answers' programs run against the problems' tests",
+                "",
+                "pass@1 = the share of answers whose program passed; Δ = the mean paired "
+                "difference against plain decoding of the same prompts, in percentage points, "
+                "with a 95% bootstrap interval over prompts.",
+                "",
+                "| category | sampling | configuration | pass@1 (Δ against plain, 95% CI) |",
+                "|---|---|---|---|",
+            ]
+            out += [f"| {c} | {s_} | {spec} | {_pass_text(f)} |" for c, s_, spec, f in passed]
+            out.append("")
         if self.lossy:
             out += [
                 "## Lossy acceptance rules: NOT the target's distribution",
@@ -283,11 +345,13 @@ class Report:
                 "of the output minus plain's (paired by prompt, ± its standard error): what the "
                 "rule cost in the target's own judgement; same as exact = the share of requests "
                 "whose output equals the same configuration's exact run with the same seed; "
-                "exact prefix = how much of that output it followed before parting, on average.",
+                "exact prefix = how much of that output it followed before parting, on average; "
+                "pass@1 (where the prompts have tests) as in the pass@1 section, against exact "
+                "plain decoding.",
                 "",
                 "| category | sampling | configuration | speedup | 95% CI | acceptance rate | τ | "
-                "Δ log-prob | same as exact | exact prefix |",
-                "|---|---|---|---|---|---|---|---|---|---|",
+                "Δ log-prob | same as exact | exact prefix | pass@1 |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for cat, by_s in self.lossy.items():
                 for sampling, by_spec in by_s.items():
@@ -299,7 +363,7 @@ class Report:
                             f"{_f(lo)}–{_f(hi)} | {_f(f['acceptance_rate'])} | "
                             f"{_f(f['mean_accepted_length'])} | {_f(d.get('mean'), '+.3f')} ± "
                             f"{_f(d.get('se'), '.3f')} | {_f(100 * f['same_as_exact'], '.0f')}% | "
-                            f"{_f(100 * f['exact_prefix'], '.0f')}% |"
+                            f"{_f(100 * f['exact_prefix'], '.0f')}% | {_pass_text(f)} |"
                         )
             out.append("")
         return "\n".join(out)
@@ -345,9 +409,11 @@ def _row(spec: str, f: dict) -> str:
 
 def _lossy_line(spec: str, f: dict) -> str:
     d = f.get("logprob_diff") or {}
+    passed = f"  pass@1 {_pass_text(f)}" if "pass_at_1" in f else ""
     return (
         f"{spec:32} {_f(f['speedup_total'])}x  acc.rate {_f(f['acceptance_rate'])}  "
         f"Δlogprob {_f(d.get('mean'), '+.3f')}  same as exact {_f(100 * f['same_as_exact'], '.0f')}%"
+        f"{passed}"
     )
 
 

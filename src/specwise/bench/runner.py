@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from specwise.backends.base import LM, Reserved
-from specwise.bench.workloads import CATEGORIES, Prompt, render
+from specwise.bench import humaneval
+from specwise.bench.workloads import CATEGORIES, HUMANEVAL, Prompt, render
 from specwise.controller import Controller
 from specwise.detok import pieces
 from specwise.drafters import make_drafter
@@ -264,6 +265,8 @@ class Runner:
                 check = self._greedy_check(ids, plain.tokens, res.tokens)
             else:
                 check = {"mean_logprob": logprob[cfg], "n_tokens": len(res.tokens)}
+            if prompt.category == HUMANEVAL and not cfg.drafter.startswith(BASELINE):
+                check["passed"] = humaneval.passes(humaneval.problems()[prompt.id], res.text)
             if cfg.acceptance != EXACT:  # how far it follows the exact rule's sample
                 ref = exact[cfg.engine].tokens
                 check["same_as_exact"] = res.tokens == ref

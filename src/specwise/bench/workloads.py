@@ -59,6 +59,9 @@ CATEGORIES: dict[str, Category] = {
 }
 
 
+HUMANEVAL = "humaneval"  # a category named only when asked: problems whose tests are run
+
+
 @dataclass(frozen=True)
 class Prompt:
     id: str
@@ -133,17 +136,23 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
 
 
 def builtin(categories: Sequence[str] | None = None) -> list[Prompt]:
-    """The shipped prompts, category by category (all categories by default)."""
+    """The shipped prompts, category by category (all categories by default), and, when named,
+    the `humaneval` problems (whose answers' tests are run: `bench.humaneval`)."""
     names = list(categories) if categories else list(CATEGORIES)
-    unknown = [c for c in names if c not in CATEGORIES]
+    unknown = [c for c in names if c not in CATEGORIES and c != HUMANEVAL]
     if unknown:
         raise WorkloadError(
-            f"unknown categories {', '.join(unknown)}; known: {', '.join(CATEGORIES)}"
+            f"unknown categories {', '.join(unknown)}; known: {', '.join(CATEGORIES)}, {HUMANEVAL}"
         )
     folder = resources.files("specwise.bench") / "workloads"
     out: list[Prompt] = []
     for c in names:
-        out.extend(load_jsonl(Path(str(folder / f"{c}.jsonl"))))
+        if c == HUMANEVAL:
+            from specwise.bench import humaneval
+
+            out.extend(humaneval.prompts())
+        else:
+            out.extend(load_jsonl(Path(str(folder / f"{c}.jsonl"))))
     return out
 
 
