@@ -791,3 +791,21 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
         loop.close()
     assert short.state == "cancelled" and long.state == "done"
     assert len(seen) > 1 and set(seen) == {"cancelled"}, seen  # admitted first, it ran a round
+
+
+def test_a_draft_model_of_another_tokenizer_serves_greedy_as_plain(gemma_path, smollm2_path):
+    """Gemma 3 checked exactly, drafted by SmolLM2 (two vocabularies): the API's greedy answer
+    is plain decoding's, and the draft model drafted for it."""
+    from specwise.sampling import SamplingParams
+
+    target = LlamaCppLM(gemma_path, context_length=512, max_sequences=2, exact=True)
+    draft = LlamaCppLM(smollm2_path, context_length=512, max_sequences=2)
+    engine = Engine(target, ModelDrafter(draft), k=3)
+    prompt = "def fibonacci(n):\n    "  # a prompt the draft drafts well for (test_vocab_map)
+    ids = target.tokenizer.encode(prompt)
+    want = Engine(target).generate(ids, SamplingParams(max_tokens=16)).text  # plain decoding
+    with TestClient(create_app(engine, MODEL, max_batch=2)) as c:
+        r = c.post("/v1/completions", json=greedy(prompt, max_tokens=16))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want
+    assert r.json()["speculative"]["accepted"] > 0
