@@ -745,8 +745,9 @@ def test_the_ttft_script_measures_a_short_request_behind_a_long_one(server):
 
 
 def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chunk():
-    """A prompt's chunk may take seconds on a CPU: a request cancelled during a round is
-    ended (its caches released, counted cancelled) before the scheduler feeds the chunk."""
+    """A prompt's chunk may take seconds on a CPU: requests cancelled during a round, a running
+    one and a queued one, are ended (caches released, counted cancelled) before the scheduler
+    feeds the chunk."""
     import asyncio
 
     from specwise.sampling import SamplingParams
@@ -761,18 +762,20 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
     loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
     short = Job("short", [1, 2, 3], SamplingParams(max_tokens=200), loop)
     long = Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop)
-    seen: list[str] = []  # the short job's state at each prefill of the long one
+    queued = Job("queued", [1, 2, 3], SamplingParams(max_tokens=4), loop)  # no slot left
+    seen: list[tuple[str, str]] = []  # short's and queued's states at each chunk of long
     step, prefill = engine.step, engine.prefill
 
     def step_and_leave(reqs):
         out = step(reqs)
         if long.state == "prefilling":
-            sched.cancel(short)  # its client leaves while the round runs
+            sched.cancel(short)  # their clients leave while the round runs
+            sched.cancel(queued)
         return out
 
     def watched(req, budget=None, tenant=None):
         if req is long.req:
-            seen.append(short.state)
+            seen.append((short.state, queued.state))
         return prefill(req, budget, tenant)
 
     engine.step, engine.prefill = step_and_leave, watched
@@ -783,14 +786,16 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
             assert time.monotonic() < deadline
             time.sleep(0.01)
         sched.submit(long)
+        sched.submit(queued)
         while long.state not in ("done", "failed"):
             assert time.monotonic() < deadline
             time.sleep(0.01)
     finally:
         sched.close()
         loop.close()
-    assert short.state == "cancelled" and long.state == "done"
-    assert len(seen) > 1 and set(seen) == {"cancelled"}, seen  # admitted first, it ran a round
+    assert short.state == queued.state == "cancelled" and long.state == "done"
+    both = ("cancelled", "cancelled")
+    assert len(seen) > 1 and set(seen) == {both}, seen  # admitted first, long ran a round first
 
 
 def test_a_draft_model_of_another_tokenizer_serves_greedy_as_plain(gemma_path, smollm2_path):

@@ -171,10 +171,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     break
-                for job in [j for j in self._pending if j.cancelled]:
-                    self._pending.remove(job)
-                    job.state = "cancelled"
-                    self.metrics.requests.labels("cancelled").inc()
+                self._drop_queued()
                 admit = []
                 busy = len(self._running) + len(self._prefilling)
                 while self._pending and busy + len(admit) < self.max_batch:
@@ -193,10 +190,21 @@ class Scheduler:
             if job.req is not None:
                 self.engine.finish(job.req)
 
+    def _drop_queued(self) -> None:
+        """Take the queued jobs whose clients left out of the queue (the caller holds the lock)."""
+        for job in [j for j in self._pending if j.cancelled]:
+            self._pending.remove(job)
+            job.state = "cancelled"
+            self.metrics.requests.labels("cancelled").inc()
+
     def _drop_cancelled(self) -> None:
-        """End the admitted jobs whose clients left (their caches released now)."""
+        """End the jobs whose clients left: admitted ones (their caches released now) and
+        queued ones."""
         for job in [j for j in self._running + self._prefilling if j.cancelled]:
             self._end(job, "cancelled")
+        with self._cond:
+            self._drop_queued()
+            self.metrics.queue_depth.set(len(self._pending))
 
     def _ready(self) -> bool:
         """There is work: a job to admit (a free slot), to drop, or that can go on. (Paused
