@@ -70,6 +70,16 @@ def ratio_ci(tokens: np.ndarray, times: np.ndarray, seed: int = 0) -> tuple[floa
     return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
 
 
+def mean_ci(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the mean of `values` (one per prompt), resampling them; NaNs
+    with fewer than 2."""
+    if len(values) < 2:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(BOOTSTRAP, len(values)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
 def _bootstrap(pairs: list[tuple[dict, dict]], seed: int = 0) -> tuple[float, float]:
     """95% interval of the total speedup over prompts, resampling prompt pairs."""
     e = np.array([[a["summary"]["emitted"], b["summary"]["emitted"]] for a, b in pairs], float)
@@ -175,17 +185,11 @@ def _pass_at_1(records: list[dict], plain: list[dict]) -> dict[str, Any]:
         for r in records
         if (r["prompt_id"], r["repeat"]) in passed
     ]
-    rng = np.random.default_rng(0)
-    means = [float(np.mean(rng.choice(diffs, len(diffs)))) for _ in range(2000)] if diffs else []
     return {
         "pass_at_1": float(np.mean([r["check"]["passed"] for r in records])),
         "pass_at_1_delta": {
             "mean": float(np.mean(diffs)) if diffs else math.nan,
-            "ci95": (
-                (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
-                if means
-                else (math.nan, math.nan)
-            ),
+            "ci95": mean_ci(np.array(diffs)),
             "n": len(diffs),
         },
     }
