@@ -49,6 +49,11 @@ def test_generate_with_a_draft_model_of_another_tokenizer(gemma_path, smollm2_pa
     assert out["summary"]["emitted"] == 12 and out["summary"]["proposed"] > 0
     args = [*base, "--draft", str(smollm2_path), "--k", "3", "--temperature", "0.8"]
     assert run_json(capsys, *args, "--seed", "3", PROMPT)["summary"]["emitted"] == 12
+    # --k auto: the controller may also draft the draft model's text (model-text)
+    assert main(["generate", "--json", *base, "--draft", str(smollm2_path), PROMPT]) == 0
+    said = capsys.readouterr()
+    assert "model-text drafter: it drafts the draft model's argmax text" in said.err
+    assert json.loads(said.out.strip().splitlines()[-1])["summary"]["emitted"] == 12
 
 
 def test_generate_prints_text_then_named_figures(smollm2_path, capsys):

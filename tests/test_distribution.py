@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 import specwise.engine
 from specwise import Engine, SamplingParams
 from specwise.backends.torch_hf import TorchLM
-from specwise.drafters import ModelDrafter, NgramDrafter
+from specwise.drafters import ModelDrafter, NgramDrafter, make_drafters
 from specwise.sampling import warp
 from specwise.verify import Verdict
 from toy import ToyLM, cross_pair, tiny_llama
@@ -91,13 +91,15 @@ def test_model_drafter_distribution(name):
     assert p > 1e-3, p
 
 
+@pytest.mark.parametrize("drafter", ["model", "model-text"])
 @pytest.mark.parametrize("name", ["T=1", "top_p=0.8"])
-def test_a_draft_model_with_another_tokenizer_distribution(name, monkeypatch, tmp_path):
-    """TLI: the draft restricted to the tokens both vocabularies share (tests/test_vocab_map.py
-    enumerates one round exactly; this runs whole requests through the engine)."""
+def test_a_draft_model_with_another_tokenizer_distribution(name, drafter, monkeypatch, tmp_path):
+    """TLI (model: the draft restricted to the tokens both vocabularies share) and the draft's
+    text re-tokenized (model-text); tests/test_vocab_map.py enumerates one round exactly, this
+    runs whole requests through the engine."""
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     target, draft = cross_pair()
-    engine = Engine(target, ModelDrafter(draft), k=3)
+    engine = Engine(target, make_drafters([drafter], draft), k=3)
     params = PARAMS[name]
     prompt = [7, 1, 2, 4, 3, 1, 4, 2]
     n = 6000

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
-from specwise.drafters import ModelDrafter
+from specwise.drafters import ModelDrafter, TextDrafter, make_drafters
+from specwise.oracle import plain_decode
 from specwise.sampling import warp
 from specwise.verify import rejection_sample
 from specwise.vocab_map import SPECIAL, VocabMap, token_keys
@@ -53,6 +54,15 @@ def test_a_context_is_retokenized_by_the_draft_and_specials_are_mapped():
     ids = [7, 4, 3, 5]  # <|im|> ab c ba: the text "abcba"
     assert vmap.translate(ids, first=True) == [0, 1, 7, 2, 6, 4]  # <s> <|im|> ab c b a
     assert vmap.translate([6]) == [2, 2]  # "cc": the draft has no such piece
+
+
+def test_a_draft_text_is_retokenized_for_the_target_a_cut_character_left_out():
+    target, draft = cross_pair()
+    vmap = VocabMap.for_pair(target.tokenizer, draft.tokenizer)
+    assert vmap.back([1, 4, 3, 5]) == [7, 4, 6, 1]  # <|im|> a bc ca: the text "abcca"
+    assert vmap.special(1) and not vmap.special(3)
+    cut = VocabMap.for_pair(ToyTokenizer(["<s>", "a", "b"]), ToyTokenizer(["<s>", "a", "\ufffd"]))
+    assert cut.back([1, 1, 2]) == [1, 1]  # "aa\ufffd": the character it ends in is cut
 
 
 def test_restrict_and_spread_put_the_draft_only_on_shared_tokens():
@@ -148,6 +158,17 @@ def test_a_draft_on_the_shared_tokens_is_verified_exactly(name):
     np.testing.assert_allclose(got, exact_two(target, PROMPT, params), atol=1e-9)
 
 
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_a_text_draft_is_verified_exactly(name):
+    """model-text: the draft's argmax text, re-tokenized, as a point mass, also when sampling."""
+    target, draft = cross_pair()
+    drafter = TextDrafter(draft)
+    drafter.bind(target)
+    params = PARAMS[name]
+    got = tli_two(target, drafter, PROMPT, params, k=3)
+    np.testing.assert_allclose(got, exact_two(target, PROMPT, params), atol=1e-9)
+
+
 def test_a_map_with_two_draft_tokens_on_one_target_token_is_caught():
     """Were "ca" mapped onto "a" too, q would state half of what the draft proposes "a" with."""
     target, draft = cross_pair()
@@ -173,19 +194,69 @@ def test_greedy_across_tokenizers_equals_plain():
         assert res.summary.accepted > 0  # the draft did draft
 
 
-def test_a_real_pair_with_different_tokenizers_decodes_greedy_as_plain(gemma_path, smollm2_path):
-    """Gemma 3 (262k tokens) checked by an exact target, drafted by SmolLM2 (49k tokens)."""
+def test_greedy_drafting_text_across_tokenizers_equals_plain():
+    target, draft = cross_pair(seed=3)
+    params = SamplingParams(max_tokens=20)
+    plain = Engine(target).generate(PROMPT, params).tokens
+    for k in (1, 2, 4):
+        res = Engine(target, TextDrafter(draft), k=k).generate(PROMPT, params)
+        assert res.tokens == plain, k
+        assert res.summary.accepted > 0, k
+
+
+def test_the_two_drafters_of_one_draft_model_share_its_cache_round_by_round():
+    """Rounds alternating between model and model-text on one sequence: each drafts from the
+    other's commits, and the draft's cache holds only committed tokens after every round."""
+    target, draft = cross_pair(seed=17)  # a seed whose draft both ways gets drafts accepted
+    tokens, text = make_drafters(["model", "model-text"], draft)
+    assert text.model is tokens
+    for d in (tokens, text):
+        d.bind(target)
+    greedy = SamplingParams(max_tokens=60)
+    plain = plain_decode(target, PROMPT, greedy)
+    context, seq, accepted = list(PROMPT), 5, {"model": 0, "model-text": 0}
+    for i in range(20):
+        d = (tokens, text)[i % 2]
+        proposed = d.propose(seq, context, 3, greedy, None).tokens
+        want = plain[len(context) - len(PROMPT) :]
+        n = next(
+            (j for j, (a, b) in enumerate(zip(proposed, want, strict=False)) if a != b),
+            len(proposed),
+        )
+        d.commit(seq, n, want[: n + 1])
+        accepted[d.name] += n
+        context += want[: n + 1]
+        ids, cache = tokens._ids[seq], draft.caches.get(seq, [])
+        assert cache == ids[: len(cache)], i
+    assert all(accepted.values()), accepted
+    text.end(seq)
+    assert seq not in draft.caches and seq not in tokens._ids
+
+
+@pytest.mark.parametrize("names", [["model"], ["model-text"], ["model", "model-text"]])
+def test_a_real_pair_with_different_tokenizers_decodes_greedy_as_plain(
+    names, gemma_path, smollm2_path
+):
+    """Gemma 3 (262k tokens) checked by an exact target, drafted by SmolLM2 (49k tokens): its
+    shared tokens, its text, or either as the controller picks."""
     from specwise.backends.llama_cpp import LlamaCppLM
-    from specwise.oracle import plain_decode
+    from specwise.controller import Controller
+    from specwise.costs import CostCurve, CostModel
 
     target = LlamaCppLM(gemma_path, context_length=512, max_sequences=2, exact=True)
-    drafter = ModelDrafter(LlamaCppLM(smollm2_path, context_length=512, max_sequences=2))
-    engine = Engine(target, drafter, k=4)
-    assert drafter.vocab.shared > 10_000, drafter.note
+    draft = LlamaCppLM(smollm2_path, context_length=512, max_sequences=2)
+    drafters = make_drafters(names, draft)
+    if len(names) == 1:
+        engine = Engine(target, drafters, k=4)
+    else:  # costs under which drafting pays, so that the controller drafts (not measured)
+        costs = CostModel(CostCurve({n: 20.0 + n for n in range(1, 17)}), dict.fromkeys(names, 1.0))
+        engine = Engine(target, drafters, k="auto", controller=Controller(drafters, costs))
+    assert getattr(drafters[0], "model", drafters[0]).vocab.shared > 10_000
     tok = target.tokenizer
     params = SamplingParams(max_tokens=24)
     for text in ["The capital of France is", "def fibonacci(n):\n    "]:
         prompt = tok.encode(text)
         res = engine.generate(prompt, params)
         assert res.tokens == plain_decode(target, prompt, params), text
-        assert res.summary.accepted > 0, text
+        if len(names) == 1:
+            assert res.summary.accepted > 0, text

@@ -122,8 +122,9 @@ def _k(value: str) -> int | str:
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
     """The drafters asked for: --drafter a,b; by default with k=auto the n-gram and suffix
-    drafters, plus the draft model when there is one; with a fixed k, the draft model if given,
-    else the n-gram drafter."""
+    drafters, plus the draft model when there is one (and its text drafter, model-text, when
+    its tokenizer is not the target's: added by `_build_engine` once both are loaded); with a
+    fixed k, the draft model if given, else the n-gram drafter."""
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     elif a.k == "auto":
@@ -139,9 +140,12 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
             )
     if len(names) > 1 and a.k != "auto":
         raise UsageError(f"a fixed --k uses one drafter, got {','.join(names)}; use --k auto")
-    if "model" in names and not a.draft:
-        raise UsageError("--drafter model needs --draft PATH (a draft model)")
-    if a.draft and "model" not in names:
+    from specwise.drafters import DRAFT_MODEL
+
+    runs_draft = [n for n in names if n in DRAFT_MODEL]
+    if runs_draft and not a.draft:
+        raise UsageError(f"--drafter {runs_draft[0]} needs --draft PATH (a draft model)")
+    if a.draft and not runs_draft:
         raise UsageError(f"--draft was given but --drafter {a.drafter} does not use it")
     return names
 
@@ -169,14 +173,17 @@ def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]
 
     suffix = {"scope": a.suffix_scope, "budget_mib": a.suffix_budget}
     given = {"suffix": {**suffix, "branches": a.suffix_branches}, "suffix-chain": suffix}
-    options = {n: given.get(n, {}) for n in names if n != "model"}
+    from specwise.drafters import DRAFT_MODEL
+
+    options = {n: given.get(n, {}) for n in names if n not in DRAFT_MODEL}
     for n, o in options.items():
         make_drafter(n, **o)
     return options
 
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
-    from specwise.drafters import make_drafter
+    from specwise.backends.base import check_same_vocab
+    from specwise.drafters import DRAFT_MODEL, make_drafters
     from specwise.engine import Engine
 
     if not a.target and not a.pair:
@@ -186,9 +193,14 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     _apply_pair(a)
     names = _drafter_names(a)
     options = _drafter_options(a, names)
-    target, draft = _load_models(a, need_draft="model" in names, max_sequences=max_sequences)
-    options["model"] = {"lm": draft}
-    drafters = [make_drafter(n, **options[n]) for n in names]
+    need_draft = any(n in DRAFT_MODEL for n in names)
+    target, draft = _load_models(a, need_draft=need_draft, max_sequences=max_sequences)
+    if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
+        try:
+            check_same_vocab(target, draft)
+        except ValueError:  # another tokenizer: the controller may also draft its text
+            names.append("model-text")
+    drafters = make_drafters(names, draft, options)
     if a.suffix_cache and "suffix" in names and Path(a.suffix_cache).exists():
         next(d for d in drafters if d.name == "suffix").load(a.suffix_cache)
     controller = None
@@ -507,9 +519,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = pick(prompts, a.limit)
     if not prompts:
         raise UsageError("no prompts left to run (check --categories and --prompts)")
-    target, draft = _load_models(a, need_draft="model" in drafters)
-    if "model" in drafters and draft is None:
-        raise UsageError("the model drafter needs --draft or --pair (or drop it: --drafter ngram)")
+    from specwise.drafters import DRAFT_MODEL
+
+    runs_draft = [n for n in drafters if n in DRAFT_MODEL]
+    target, draft = _load_models(a, need_draft=bool(runs_draft))
+    if runs_draft and draft is None:
+        raise UsageError(
+            f"the {runs_draft[0]} drafter needs --draft or --pair (or drop it: --drafter ngram)"
+        )
     out = Path(a.out) if a.out else default_out()
     info = {
         "command": "specwise " + " ".join(sys.argv[1:]),
@@ -539,8 +556,10 @@ def _apply_pair(a: argparse.Namespace) -> None:
     if pair is None:
         raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
     a.target = a.target or pair.target
+    from specwise.drafters import DRAFT_MODEL
+
     wanted = getattr(a, "drafter", None)
-    if wanted is None or "model" in wanted.split(","):
+    if wanted is None or set(DRAFT_MODEL) & set(wanted.split(",")):
         a.draft = a.draft or pair.draft
 
 

@@ -147,20 +147,47 @@ class VocabMap:
         `first`: the run opens the context (the draft's BOS, if it wants one, comes first)."""
         assert self._text is not None, "translate needs the tokenizers: build with for_pair"
         t_text, d_text = self._text
-        out = list(self._bos) if first else []
-        run: list[int] = []
+        return (list(self._bos) if first else []) + _retokenize(
+            target_ids, t_text, d_text.tok, self.to_draft
+        )
 
-        def flush() -> None:
-            if run:
-                out.extend(d_text.tok.encode(t_text(run), add_special=False))
-                run.clear()
+    def back(self, draft_ids: Sequence[int]) -> list[int]:
+        """The target's tokens for a run of the draft's (what `translate` does the other way):
+        text runs re-tokenized by the target's tokenizer, special tokens mapped; a character
+        the run ends in the middle of is left out."""
+        assert self._text is not None, "back needs the tokenizers: build with for_pair"
+        t_text, d_text = self._text
+        return _retokenize(draft_ids, d_text, t_text.tok, self.to_target, whole=True)
 
-        for t in target_ids:
-            if t_text([t]):
-                run.append(t)
-            else:  # special (or nothing)
-                flush()
-                if self.to_draft[t] >= 0:
-                    out.append(int(self.to_draft[t]))
-        flush()
-        return out
+    def special(self, draft_id: int) -> bool:
+        """Whether a draft token is special (it decodes to no text)."""
+        assert self._text is not None, "special needs the tokenizers: build with for_pair"
+        return not self._text[1]([draft_id])
+
+
+def _retokenize(
+    ids: Sequence[int], text: _Text, to: Tokenizer, mapped: np.ndarray, whole: bool = False
+) -> list[int]:
+    """`ids` in the other tokenizer `to`: each run of text tokens decoded (`text`) and encoded
+    again, each special token mapped by `mapped` (dropped at -1); `whole`: the last run's text
+    loses a character it ends in the middle of."""
+    out: list[int] = []
+    run: list[int] = []
+
+    def flush(last: bool = False) -> None:
+        if run:
+            piece = text(run)
+            if last and whole:
+                piece = piece.rstrip("\ufffd")
+            out.extend(to.encode(piece, add_special=False))
+            run.clear()
+
+    for t in ids:
+        if text([t]):
+            run.append(t)
+        else:  # special (or nothing)
+            flush()
+            if mapped[t] >= 0:
+                out.append(int(mapped[t]))
+    flush(last=True)
+    return out

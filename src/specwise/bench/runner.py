@@ -41,7 +41,7 @@ from specwise.bench import humaneval
 from specwise.bench.workloads import CATEGORIES, HUMANEVAL, Prompt, render
 from specwise.controller import Controller
 from specwise.detok import pieces
-from specwise.drafters import make_drafter
+from specwise.drafters import DRAFT_MODEL, make_drafters
 from specwise.engine import Engine
 from specwise.lossy import EXACT
 from specwise.sampling import SamplingParams
@@ -121,8 +121,8 @@ class Runner:
         self, target: LM, draft_lm: LM | None, options: Options, baseline: LM | None = None
     ) -> None:
         self.target, self.options = target, options
-        if "model" in options.drafters and draft_lm is None:
-            raise ValueError("the model drafter needs a draft model (--draft or --pair)")
+        if set(DRAFT_MODEL) & set(options.drafters) and draft_lm is None:
+            raise ValueError("a draft model's drafter needs a draft model (--draft or --pair)")
         self._draft_lm = draft_lm
         self.engines: dict[str, Engine] = {"plain": Engine(target)}
         if baseline is not None:
@@ -138,21 +138,19 @@ class Runner:
             if options.fixed_drafters is not None and name not in options.fixed_drafters:
                 continue
             for k in numeric:
-                self.engines[f"{name} k={k}"] = Engine(target, self._drafter(name), k=k)
+                self.engines[f"{name} k={k}"] = Engine(target, self._drafters([name]), k=k)
         if "auto" in options.ks:
             # A fresh controller (nothing learnt in earlier processes), so runs are repeatable;
             # it still learns from request to request within the run, as a server would.
             for spec, names in [("auto", options.drafters)] + [
                 (f"auto[{'+'.join(names)}]", names) for names in options.auto_sets
             ]:
-                drafters = [self._drafter(n) for n in names]
+                drafters = self._drafters(names)
                 controller = Controller.calibrated(target, drafters, remember=False)
                 self.engines[spec] = Engine(target, drafters, k="auto", controller=controller)
 
-    def _drafter(self, name: str):
-        if name == "model":
-            return make_drafter(name, lm=self._draft_lm)
-        return make_drafter(name, **self.options.drafter_options.get(name, {}))
+    def _drafters(self, names: list[str]):
+        return make_drafters(names, self._draft_lm, self.options.drafter_options)
 
     def configs(self, category: str) -> list[Config]:
         cat = CATEGORIES.get(category)

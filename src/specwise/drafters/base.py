@@ -27,7 +27,17 @@ from specwise.acceptance import positions
 from specwise.backends.base import LM, Reserved
 from specwise.sampling import Sampler, SamplingParams
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "KeepGoing", "make_drafter", "measure_cheap", "register"]
+__all__ = [
+    "DRAFTERS",
+    "DRAFT_MODEL",
+    "Draft",
+    "Drafter",
+    "KeepGoing",
+    "make_drafter",
+    "make_drafters",
+    "measure_cheap",
+    "register",
+]
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,24 @@ def make_drafter(name: str, **options: Any) -> Drafter:
     if factory is None:
         raise ValueError(f"unknown drafter {name!r}; known drafters: {', '.join(sorted(DRAFTERS))}")
     return factory(**options)
+
+
+DRAFT_MODEL = ("model", "model-text")  # the drafters that run a draft model (its LM)
+
+
+def make_drafters(
+    names: Sequence[str], lm: LM | None = None, options: dict[str, dict] | None = None
+) -> list[Drafter]:
+    """The named drafters of one engine: those of DRAFT_MODEL run `lm` (model-text shares the
+    model drafter's caches when both are named), the others take their `options`."""
+    options = options or {}
+    out = {n: make_drafter(n, **options.get(n, {})) for n in names if n not in DRAFT_MODEL}
+    if "model" in names:
+        out["model"] = make_drafter("model", lm=lm)
+    if "model-text" in names:
+        shared = {"model": out["model"]} if "model" in out else {"lm": lm}
+        out["model-text"] = make_drafter("model-text", **shared)
+    return [out[n] for n in names]
 
 
 def measure_cheap(drafter: Drafter) -> tuple[float, float]:

@@ -11,7 +11,15 @@ both vocabularies share (`VocabMap`, TLI): its logits outside them are -inf befo
 or the warp, the token it picks is mapped to the target's id, and q is spread over the
 target's ids (one-to-one), so the same lossless rules verify it. It reads its context in its
 own tokens: the prompt and each committed run of target tokens re-tokenized (`translate`),
-its own accepted tokens as they were. This module does not verify anything.
+its own accepted tokens as they were.
+
+`TextDrafter` (`model-text`) is the other way to draft across tokenizers (Universal Assisted
+Generation): the draft model takes its own argmax over its whole vocabulary, and the text of
+its tokens is re-tokenized by the target's tokenizer (`VocabMap.back`) into a point-mass
+draft, verified like an n-gram draft (exact, greedy or sampled; it pays where the draft's text
+matches the target's greedy choice). It shares the `ModelDrafter`'s state and caches (one
+draft model, one cache a sequence), so the controller can pick either, round by round.
+This module does not verify anything.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
 from specwise.vocab_map import VocabMap
 
-__all__ = ["ModelDrafter"]
+__all__ = ["ModelDrafter", "TextDrafter"]
 
 MIN_SHARED = 0.1  # the part of its vocabulary a draft model must share with the target's
 
@@ -44,6 +52,7 @@ class ModelDrafter:
         self._done: dict[int, int] = {}  # seq -> target tokens the draft's tokens stand for
         self._base: dict[int, tuple[int, int]] = {}  # seq -> (_done, len(_ids)) at propose
         self._drafted: dict[int, list[int]] = {}  # seq -> the last draft, in draft ids
+        self._retokenized: dict[int, list[int]] = {}  # seq -> a text draft, in target ids
         info = lm.info
         self.fingerprint = f"model:{info.backend}:{info.fingerprint}:{info.threads}"
 
@@ -89,6 +98,8 @@ class ModelDrafter:
         return ids
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
+        if seq in self._done:  # begun already (by the TextDrafter sharing these caches)
+            return
         ids = self._sync(seq, prompt)
         if len(ids) > self.lm.context_length:
             raise ValueError(
@@ -107,9 +118,24 @@ class ModelDrafter:
         sampler: Sampler,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
+        return self._propose(seq, context, k, params, sampler, keep_going, text=False)
+
+    def _propose(
+        self,
+        seq: int,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        sampler: Sampler,
+        keep_going: KeepGoing | None,
+        text: bool,
+    ) -> Draft:
+        """Up to k tokens: the draft's own (text=False), or (text=True, another tokenizer) the
+        argmax over its whole vocabulary, up to a special token, its text re-tokenized."""
         ids = self._sync(seq, context)
         self._base[seq] = (len(context), len(ids))
         self._drafted[seq] = drafted = []
+        self._retokenized.pop(seq, None)
         k = min(k, self.lm.context_length - len(ids))
         if k <= 0:
             return Draft([], None)
@@ -122,8 +148,11 @@ class ModelDrafter:
         conf: list[float] = []
         for i in range(k):
             row = self.lm.forward([(seq, feed)], last_only=True)[0][-1]
-            logits = fit_width(row, self.width) if vocab is None else vocab.restrict(row)
-            if params.greedy:
+            if text:
+                logits = row
+            else:
+                logits = fit_width(row, self.width) if vocab is None else vocab.restrict(row)
+            if params.greedy or text:
                 x = int(np.argmax(logits))
                 conf.append(float(1.0 / np.exp(logits - logits[x]).sum()))  # softmax at x
             else:
@@ -131,11 +160,18 @@ class ModelDrafter:
                 x = sampler.categorical(q)
                 qs.append(q if vocab is None else vocab.spread(q, self.width))
                 conf.append(float(q[x]))
+            if text and vocab.special(x):  # the text ends: the target's own special, or none
+                if vocab.to_target[x] >= 0:
+                    drafted.append(x)
+                break
             drafted.append(x)
             tokens.append(x if vocab is None else int(vocab.to_target[x]))
             if i + 1 == k or (keep_going is not None and not keep_going(i + 1, conf[-1])):
                 break
             feed = [x]
+        if text:
+            self._retokenized[seq] = tokens = vocab.back(drafted)[:k]
+            return Draft(tokens, None)
         return Draft(tokens, np.stack(qs) if qs else None, conf)
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
@@ -144,13 +180,23 @@ class ModelDrafter:
         done, n_ids = self._base.pop(seq)
         ids = self._ids[seq]
         del ids[n_ids:]
-        ids.extend(self._drafted.pop(seq, [])[:accepted])
+        drafted = self._drafted.pop(seq, [])
+        retokenized = self._retokenized.pop(seq, None)
+        if retokenized is None:
+            ids.extend(drafted[:accepted])
+        else:  # the accepted target tokens, in the draft's tokens
+            ids.extend(self.vocab.translate(retokenized[:accepted]))
         self._done[seq] = done + accepted
-        if self.lm.length(seq) > len(ids):
-            self.lm.truncate(seq, len(ids))
+        # the cache keeps the drafted tokens as far as they are the committed ones
+        same = next(
+            (i for i, (a, b) in enumerate(zip(drafted, ids[n_ids:], strict=False)) if a != b),
+            min(len(drafted), len(ids) - n_ids),
+        )
+        if self.lm.length(seq) > n_ids + same:
+            self.lm.truncate(seq, n_ids + same)
 
     def end(self, seq: int) -> None:
-        for state in (self._ids, self._done, self._base, self._drafted):
+        for state in (self._ids, self._done, self._base, self._drafted, self._retokenized):
             state.pop(seq, None)
         self.lm.release(seq)
 
@@ -163,3 +209,58 @@ class ModelDrafter:
 
         curve = measure_curve(self.lm, sizes=[1, 64], repeats=3)
         return curve.ms[1], curve.ms[64] / 64
+
+
+@register("model-text")
+class TextDrafter:
+    """A draft model with another tokenizer than the target's, drafting text (module
+    docstring). Give it the `ModelDrafter` of the draft model to share its caches with (both
+    in one engine), or the draft's LM for a drafter of its own."""
+
+    name = "model-text"
+    cheap = False
+
+    def __init__(self, lm: LM | None = None, model: ModelDrafter | None = None) -> None:
+        if (lm is None) == (model is None):
+            raise ValueError("a model-text drafter needs the draft model's LM or its ModelDrafter")
+        self.model = model if model is not None else ModelDrafter(lm)  # type: ignore[arg-type]
+        self._shared = model is not None
+        self.note: str | None = None
+        self.fingerprint = "text:" + self.model.fingerprint
+
+    def bind(self, target: LM) -> None:
+        if self.model.vocab is None or self.model.width != target.vocab_size:
+            self.model.bind(target)
+        if self.model.vocab is None:
+            raise ValueError(
+                "the model-text drafter drafts for a target with another tokenizer; this draft "
+                "model shares the target's, so use the model drafter"
+            )
+        said = "it drafts the draft model's argmax text, re-tokenized by the target's tokenizer"
+        self.note = said if self._shared else f"{self.model.note}; {said}"
+
+    def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
+        self.model.begin(seq, prompt, tenant)
+
+    def propose(
+        self,
+        seq: int,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        sampler: Sampler,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        return self.model._propose(seq, context, k, params, sampler, keep_going, text=True)
+
+    def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
+        self.model.commit(seq, accepted, emitted)
+
+    def end(self, seq: int) -> None:
+        self.model.end(seq)
+
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        return self.model.lag(seq, context)
+
+    def measure_cost(self) -> tuple[float, float]:
+        return self.model.measure_cost()
