@@ -149,7 +149,7 @@ class ModelDrafter:
         for i in range(k):
             row = self.lm.forward([(seq, feed)], last_only=True)[0][-1]
             if text:
-                logits = row
+                logits = row[: len(vocab.to_target)]  # the draft's tokens (no padding ids)
             else:
                 logits = fit_width(row, self.width) if vocab is None else vocab.restrict(row)
             if params.greedy or text:
