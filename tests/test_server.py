@@ -798,6 +798,68 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
     assert len(seen) > 1 and set(seen) == {both}, seen  # admitted first, long ran a round first
 
 
+def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
+    """A short prompt that arrives while a long prompt's chunk is fed goes in before the next
+    round; one that arrives during a round goes in before the next chunk (it does not wait for
+    a round and a chunk)."""
+    import asyncio
+
+    from specwise.sampling import SamplingParams
+    from specwise.server.metrics import Metrics
+    from specwise.server.scheduler import Job, Scheduler
+    from toy import ToyLM
+
+    toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
+    toy.exact = False  # an exact target takes whole prompts
+    engine = Engine(toy, [NgramDrafter()], k=2)
+    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4)
+    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    jobs = {
+        "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
+        "long": Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop),
+        "a": Job("a", [4, 5], SamplingParams(max_tokens=2), loop),  # comes during a chunk
+        "b": Job("b", [6, 7], SamplingParams(max_tokens=2), loop),  # comes during a round
+    }
+    calls: list[str] = []
+    sent: dict[str, int] = {}  # job -> the index of the call it came during
+    step, prefill = engine.step, engine.prefill
+
+    def arrive(name: str) -> None:
+        sent[name] = len(calls) - 1
+        sched.submit(jobs[name])
+
+    def stepped(reqs):
+        out = step(reqs)
+        calls.append("round")
+        if "a" in sent and jobs["a"].state == "running" and "b" not in sent:
+            arrive("b")
+        return out
+
+    def fed(req, budget=None, tenant=None):
+        out = prefill(req, budget, tenant)
+        calls.append(next(name for name, j in jobs.items() if j.req is req))
+        if calls[-1] == "long" and calls.count("long") == 3:
+            arrive("a")
+        return out
+
+    engine.step, engine.prefill = stepped, fed
+    try:
+        sched.submit(jobs["running"])
+        deadline = time.monotonic() + 30
+        while jobs["running"].state != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sched.submit(jobs["long"])
+        while jobs["long"].state not in ("done", "failed") or "b" not in sent:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        sched.close()
+        loop.close()
+    assert calls[sent["a"]] == "long" and calls[sent["a"] + 1] == "a", calls
+    assert calls[sent["b"]] == "round" and calls[sent["b"] + 1] == "b", calls
+
+
 def test_a_draft_model_of_another_tokenizer_serves_greedy_as_plain(gemma_path, smollm2_path):
     """Gemma 3 checked exactly, drafted by SmolLM2 (two vocabularies): the API's greedy answer
     is plain decoding's, and the draft model drafted for it."""

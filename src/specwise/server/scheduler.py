@@ -1,17 +1,19 @@
 """`Scheduler`: continuous batching on one worker thread that owns the engine.
 
 Each loop: admit waiting requests up to `max_batch`, drop cancelled ones (their caches released
-at once), run ONE engine round over every running sequence (drafts for each, one batched target
-forward), publish each request's new text to its asyncio queue, drop the requests cancelled meanwhile
-(a chunk may take seconds on a CPU; a client that left waits for none), then feed prefilling
-requests up
-to `prefill_chunk` prompt tokens, the shortest remaining prompt first: a long prompt delays the
-running streams by one chunk a round, not by its whole prefill, and a short request arriving
-behind it starts within a chunk. A request joins the rounds once its prompt is in. In exact mode
-prompts go in whole, as plain one-request decoding feeds them (a chunk's kernels could round the
-cache differently). If a batched round fails, each request is retried alone, so only
-the request that fails alone is failed (a round that raises leaves every request as it was:
-`Engine.step`). A paused job (the inspector's step mode) holds its place and caches but runs
+at once), feed the prompts that fit whole in one chunk (`prefill_chunk` prompt tokens: a short
+request that arrived during the last chunk starts before the round, not after it), run ONE
+engine round over every running sequence (drafts for each, one batched target forward),
+publish each request's new text to its asyncio queue, drop the requests cancelled meanwhile (a
+chunk may take seconds on a CPU; a client that left waits for none), admit the requests that
+arrived during the round, then feed prefilling requests with what is left of the chunk, the
+shortest remaining prompt first: prompts take at most one chunk between two rounds, so a long
+prompt delays the running streams by one chunk a round, not by its whole prefill, and a short
+request arriving behind it starts within a chunk. A request joins the rounds once its prompt
+is in. In exact mode prompts go in whole, as plain one-request decoding feeds them (a chunk's
+kernels could round the cache differently). If a batched round fails, each request is
+retried alone, so only the request that fails alone is failed (a round that raises leaves every
+request as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and caches but runs
 only the rounds it is granted (`grant`), each with the settings given for it; the other
 requests go on around it. The last `RECENT` finished jobs are kept for the inspector. Every
 `save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB; the CLI
@@ -171,24 +173,34 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     break
-                self._drop_queued()
-                admit = []
-                busy = len(self._running) + len(self._prefilling)
-                while self._pending and busy + len(admit) < self.max_batch:
-                    admit.append(self._pending.popleft())
-                self.metrics.queue_depth.set(len(self._pending))
-            for job in admit:
-                self._admit(job)
+            self._admit_waiting()
             self._drop_cancelled()
+            budget = math.inf if self.prefill_chunk is None else self.prefill_chunk
+            if self.prefill_chunk is not None:  # prompts that arrived during the last chunk
+                budget -= self._prefill(budget, whole_only=True)
             if any(not j.held for j in self._running):
                 self._round()
                 self._save_learning()
                 self._drop_cancelled()  # a client that left during the round: before a chunk
-            self._prefill()
+                self._admit_waiting()  # one that came during the round: fed after it
+            self._prefill(budget)
         for job in self._running + self._prefilling + list(self._pending):
             job.emit("error", (503, "the server is shutting down"))
             if job.req is not None:
                 self.engine.finish(job.req)
+
+    def _admit_waiting(self) -> None:
+        """Admit queued jobs while slots are free (the queue's order), dropping the queued
+        jobs whose clients left."""
+        with self._cond:
+            self._drop_queued()
+            admit = []
+            busy = len(self._running) + len(self._prefilling)
+            while self._pending and busy + len(admit) < self.max_batch:
+                admit.append(self._pending.popleft())
+            self.metrics.queue_depth.set(len(self._pending))
+        for job in admit:
+            self._admit(job)
 
     def _drop_queued(self) -> None:
         """Take the queued jobs whose clients left out of the queue (the caller holds the lock)."""
@@ -244,20 +256,21 @@ class Scheduler:
         job.state = "prefilling"
         self._prefilling.append(job)
 
-    def _prefill(self) -> None:
-        """Feed prefilling requests up to `prefill_chunk` prompt tokens (None: whole prompts),
-        the shortest remaining first; a request whose prompt is in starts running."""
-        budget = math.inf if self.prefill_chunk is None else self.prefill_chunk
+    def _prefill(self, budget: float, whole_only: bool = False) -> float:
+        """Feed prefilling requests up to `budget` prompt tokens (inf: whole prompts), the
+        shortest remaining first (`whole_only`: only prompts that go in whole); a request
+        whose prompt is in starts running. Returns the tokens fed."""
+        fed = 0
 
         def left(job: Job) -> int:
             return job.req.n_prompt - job.req.prefilled
 
         for job in sorted(self._prefilling, key=left):
-            if budget < 1:
+            if budget - fed < 1 or (whole_only and left(job) > budget - fed):
                 break
             if job.held:
                 continue
-            n = min(budget, left(job))
+            n = min(budget - fed, left(job))
             try:
                 done = self.engine.prefill(job.req, n, tenant=job.tenant)
             except Exception as exc:
@@ -267,13 +280,14 @@ class Scheduler:
                 self.metrics.requests.labels("failed").inc()
                 job.emit("error", (500, f"the request failed: {exc}"))
                 continue
-            budget -= n
+            fed += n
             if done:
                 self._prefilling.remove(job)
                 self._running.append(job)
                 job.state = "running"
                 job.grants = max(0, job.grants - 1)  # round 0 came with the prefill
                 self._publish(job)  # the first token came with the prefill
+        return fed
 
     def _round(self) -> None:
         batch = [j for j in self._running if not j.held]
