@@ -11,13 +11,13 @@ shortest remaining prompt first: prompts take at most one chunk between two roun
 prompt delays the running streams by one chunk a round, not by its whole prefill, and a short
 request arriving behind it starts within a chunk. A request joins the rounds once its prompt
 is in. In exact mode prompts go in whole, as plain one-request decoding feeds them (a chunk's
-kernels could round the cache differently). If a batched round fails, each request is
-retried alone, so only the request that fails alone is failed (a round that raises leaves every
-request as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and caches but runs
-only the rounds it is granted (`grant`), each with the settings given for it; the other
-requests go on around it. The last `RECENT` finished jobs are kept for the inspector. Every
-`save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB; the CLI
-saves it again at shutdown). The HTTP layer never touches the engine.
+kernels could round the cache differently). If a batched round fails, each request is retried
+alone, so only the request that fails alone is failed (a round that raises leaves every request
+as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and caches
+but runs only the rounds it is granted (`grant`), each with the settings given for it; the
+other requests go on around it. The last `RECENT` finished jobs are kept for the inspector.
+Every `save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB;
+the CLI saves it again at shutdown). The HTTP layer never touches the engine.
 """
 
 from __future__ import annotations
