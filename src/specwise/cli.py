@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.backends import BACKENDS
+from specwise.drafters import DRAFT_MODEL
 from specwise.drafters.suffix import SCOPES
 from specwise.sampling import SamplingParams
 from specwise.server.scheduler import PREFILL_CHUNK
@@ -140,8 +141,6 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
             )
     if len(names) > 1 and a.k != "auto":
         raise UsageError(f"a fixed --k uses one drafter, got {','.join(names)}; use --k auto")
-    from specwise.drafters import DRAFT_MODEL
-
     runs_draft = [n for n in names if n in DRAFT_MODEL]
     if runs_draft and not a.draft:
         raise UsageError(f"--drafter {runs_draft[0]} needs --draft PATH (a draft model)")
@@ -173,8 +172,6 @@ def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]
 
     suffix = {"scope": a.suffix_scope, "budget_mib": a.suffix_budget}
     given = {"suffix": {**suffix, "branches": a.suffix_branches}, "suffix-chain": suffix}
-    from specwise.drafters import DRAFT_MODEL
-
     options = {n: given.get(n, {}) for n in names if n not in DRAFT_MODEL}
     for n, o in options.items():
         make_drafter(n, **o)
@@ -183,7 +180,7 @@ def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     from specwise.backends.base import check_same_vocab
-    from specwise.drafters import DRAFT_MODEL, make_drafters
+    from specwise.drafters import make_drafters
     from specwise.engine import Engine
 
     if not a.target and not a.pair:
@@ -519,8 +516,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = pick(prompts, a.limit)
     if not prompts:
         raise UsageError("no prompts left to run (check --categories and --prompts)")
-    from specwise.drafters import DRAFT_MODEL
-
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
     target, draft = _load_models(a, need_draft=bool(runs_draft))
     if runs_draft and draft is None:
@@ -556,8 +551,6 @@ def _apply_pair(a: argparse.Namespace) -> None:
     if pair is None:
         raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
     a.target = a.target or pair.target
-    from specwise.drafters import DRAFT_MODEL
-
     wanted = getattr(a, "drafter", None)
     if wanted is None or set(DRAFT_MODEL) & set(wanted.split(",")):
         a.draft = a.draft or pair.draft
