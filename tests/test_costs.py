@@ -108,3 +108,21 @@ def test_interleaved_curves_take_turns_and_a_drifting_machine_falls_on_both(monk
     for n in (1, 4):
         assert curves["a"].ms[n] == pytest.approx(curves["b"].ms[n], rel=0.06)
     assert all(lm.length(Reserved.CALIBRATION) == 0 for lm in lms.values())
+
+
+def test_drafters_running_one_model_are_measured_once(tmp_path, monkeypatch):
+    """model and model-text run the same draft model: one measurement serves both."""
+    from specwise import costs
+    from specwise.drafters import make_drafters
+    from toy import cross_pair
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(costs, "measure_curve", lambda lm, sizes: CostCurve({1: 10.0}))
+    target, draft = cross_pair()
+    drafters = make_drafters(["model", "model-text"], draft)
+    calls: list[str] = []
+    for d in drafters:
+        monkeypatch.setattr(d, "measure_cost", lambda n=d.name: calls.append(n) or (2.0, 0.5))
+    model = costs.measure_costs(target, drafters)
+    assert calls == ["model"]
+    assert model.catch_up_ms_per_token == {"model": 0.5, "model-text": 0.5}

@@ -164,7 +164,11 @@ def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
 def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16) -> CostModel:
     """Calibrate now: the target's curve for 1..max_tokens tokens, each drafter's ms/token."""
     curve = measure_curve(target, sizes=range(1, max_tokens + 1))
-    measured = {d.name: d.measure_cost() for d in drafters}
+    by_fingerprint: dict[str, tuple[float, float]] = {}  # drafters running one thing: once
+    for d in drafters:
+        if d.fingerprint not in by_fingerprint:
+            by_fingerprint[d.fingerprint] = d.measure_cost()
+    measured = {d.name: by_fingerprint[d.fingerprint] for d in drafters}
     return CostModel(
         curve,
         {name: per_token for name, (per_token, _) in measured.items()},

@@ -226,7 +226,7 @@ class TextDrafter:
         self.model = model if model is not None else ModelDrafter(lm)  # type: ignore[arg-type]
         self._shared = model is not None
         self.note: str | None = None
-        self.fingerprint = "text:" + self.model.fingerprint
+        self.fingerprint = self.model.fingerprint  # it runs the same model, at the same cost
 
     def bind(self, target: LM) -> None:
         if self.model.vocab is None or self.model.width != target.vocab_size:
