@@ -862,6 +862,62 @@ def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
     assert calls[sent["b"]] == "round" and calls[sent["b"] + 1] == "b", calls
 
 
+def test_a_long_prompt_waits_in_the_queue_while_another_is_prefilling():
+    """Long prompts are fed one at a time: a second one stays queued while the first is
+    prefilling, so a short request that arrives after it takes the free slot and runs first;
+    the second long prompt is admitted once the first is in."""
+    import asyncio
+
+    from specwise.sampling import SamplingParams
+    from specwise.server.metrics import Metrics
+    from specwise.server.scheduler import Job, Scheduler
+    from toy import ToyLM
+
+    toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
+    toy.exact = False  # an exact target takes whole prompts
+    engine = Engine(toy, [NgramDrafter()], k=2)
+    sched = Scheduler(engine, Metrics(), max_batch=3, prefill_chunk=4)
+    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    jobs = {
+        "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
+        "long": Job("long", [1, 2, 3, 4, 5] * 8, SamplingParams(max_tokens=2), loop),
+        "long2": Job("long2", [5, 4, 3, 2, 1] * 6, SamplingParams(max_tokens=2), loop),
+        "short": Job("short", [4, 5], SamplingParams(max_tokens=2), loop),
+    }
+    fed_order: list[str] = []  # each prefill call's job
+    states: list[str] = []  # long2's when short's prompt went in, long's when long2's did
+    prefill = engine.prefill
+
+    def fed(req, budget=None, tenant=None):
+        name = next(n for n, j in jobs.items() if j.req is req)
+        fed_order.append(name)
+        if name == "long" and fed_order.count("long") == 2:
+            sched.submit(jobs["long2"])
+            sched.submit(jobs["short"])
+        if name == "short":
+            states.append(jobs["long2"].state)
+        if name == "long2" and "long2" not in fed_order[:-1]:
+            states.append(jobs["long"].state)
+        return prefill(req, budget, tenant)
+
+    engine.prefill = fed
+    try:
+        sched.submit(jobs["running"])
+        deadline = time.monotonic() + 30
+        while jobs["running"].state != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sched.submit(jobs["long"])
+        while jobs["long2"].state not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        sched.close()
+        loop.close()
+    assert states[0] == "queued" and states[1] in ("running", "done"), (states, fed_order)
+    assert all(j.state == "done" for n, j in jobs.items() if n != "running"), jobs
+
+
 def test_a_draft_model_of_another_tokenizer_serves_greedy_as_plain(gemma_path, smollm2_path):
     """Gemma 3 checked exactly, drafted by SmolLM2 (two vocabularies): the API's greedy answer
     is plain decoding's, and the draft model drafted for it."""

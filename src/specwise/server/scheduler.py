@@ -1,23 +1,25 @@
 """`Scheduler`: continuous batching on one worker thread that owns the engine.
 
-Each loop: admit waiting requests up to `max_batch`, drop cancelled ones (their caches released
-at once), feed the prompts that fit whole in one chunk (`prefill_chunk` prompt tokens: a short
-request that arrived during the last chunk starts before the round, not after it), run ONE
-engine round over every running sequence (drafts for each, one batched target forward),
-publish each request's new text to its asyncio queue, drop the requests cancelled meanwhile (a
-chunk may take seconds on a CPU; a client that left waits for none), admit the requests that
-arrived during the round, then feed prefilling requests with what is left of the chunk, the
-shortest remaining prompt first: prompts take at most one chunk between two rounds, so a long
-prompt delays the running streams by one chunk a round, not by its whole prefill, and a short
-request arriving behind it starts within a chunk. A request joins the rounds once its prompt
-is in. In exact mode prompts go in whole, as plain one-request decoding feeds them (a chunk's
-kernels could round the cache differently). If a batched round fails, each request is retried
-alone, so only the request that fails alone is failed (a round that raises leaves every request
-as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and caches
-but runs only the rounds it is granted (`grant`), each with the settings given for it; the
-other requests go on around it. The last `RECENT` finished jobs are kept for the inspector.
-Every `save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB;
-the CLI saves it again at shutdown). The HTTP layer never touches the engine.
+Each loop: admit waiting requests up to `max_batch` (a long prompt, more than a chunk, waits in
+the queue while another is prefilling, so short requests behind it get the slots), drop
+cancelled ones (their caches released at once), feed the prompts that fit whole in one chunk
+(`prefill_chunk` prompt tokens: a short request that arrived during the last chunk starts
+before the round, not after it), run ONE engine round over every running sequence (drafts for
+each, one batched target forward), publish each request's new text to its asyncio queue, drop
+the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that left waits
+for none), admit the requests that arrived during the round, then feed prefilling requests with
+what is left of the chunk, the shortest remaining prompt first: prompts take at most one chunk
+between two rounds, so a long prompt delays the running streams by one chunk a round, not by
+its whole prefill, and a short request arriving behind it starts within a chunk. A request
+joins the rounds once its prompt is in. In exact mode prompts go in whole, as plain one-request
+decoding feeds them (a chunk's kernels could round the cache differently). If a batched round
+fails, each request is retried alone, so only the request that fails alone is failed (a round
+that raises leaves every request as it was: `Engine.step`). A paused job (the inspector's step
+mode) holds its place and caches but runs only the rounds it is granted (`grant`), each with
+the settings given for it; the other requests go on around it. The last `RECENT` finished jobs
+are kept for the inspector. Every `save_every_s` seconds, between rounds, what the controller
+learnt is saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches
+the engine.
 """
 
 from __future__ import annotations
@@ -190,17 +192,38 @@ class Scheduler:
                 self.engine.finish(job.req)
 
     def _admit_waiting(self) -> None:
-        """Admit queued jobs while slots are free (the queue's order), dropping the queued
-        jobs whose clients left."""
+        """Admit the queued jobs `_admissible` names, dropping the queued jobs whose clients
+        left."""
         with self._cond:
             self._drop_queued()
-            admit = []
-            busy = len(self._running) + len(self._prefilling)
-            while self._pending and busy + len(admit) < self.max_batch:
-                admit.append(self._pending.popleft())
+            admit = self._admissible()
+            for job in admit:
+                self._pending.remove(job)
             self.metrics.queue_depth.set(len(self._pending))
         for job in admit:
             self._admit(job)
+
+    def _long(self, job: Job) -> bool:
+        """A prompt that takes more than one chunk."""
+        return self.prefill_chunk is not None and len(job.prompt) > self.prefill_chunk
+
+    def _admissible(self) -> list[Job]:
+        """The queued jobs to admit now (the caller holds the lock): in the queue's order while
+        slots are free, except that a long prompt waits while another is prefilling. Long
+        prompts are fed one at a time anyway (the shortest remaining first), so a second one
+        admitted would only hold a slot that a short request behind it in the queue needs."""
+        busy = len(self._running) + len(self._prefilling)
+        long_in = any(self._long(j) for j in self._prefilling)
+        admit: list[Job] = []
+        for job in self._pending:
+            if busy + len(admit) >= self.max_batch:
+                break
+            if self._long(job):
+                if long_in:
+                    continue
+                long_in = True
+            admit.append(job)
+        return admit
 
     def _drop_queued(self) -> None:
         """Take the queued jobs whose clients left out of the queue (the caller holds the lock)."""
@@ -219,14 +242,11 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self._pending))
 
     def _ready(self) -> bool:
-        """There is work: a job to admit (a free slot), to drop, or that can go on. (Paused
-        jobs holding every slot leave a queue waiting: the loop must not spin on it.)"""
-        busy = self._running + self._prefilling
-        if self._pending and (
-            len(busy) < self.max_batch or any(j.cancelled for j in self._pending)
-        ):
+        """There is work: a job to admit, to drop, or that can go on. (Paused jobs holding every
+        slot, or a paused long prompt, leave a queue waiting: the loop must not spin on it.)"""
+        if any(j.cancelled for j in self._pending) or self._admissible():
             return True
-        return any(not j.held or j.cancelled for j in busy)
+        return any(not j.held or j.cancelled for j in self._running + self._prefilling)
 
     def _save_learning(self) -> None:
         """Save the controller's learning when `save_every_s` has passed since the last save."""
