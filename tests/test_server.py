@@ -862,10 +862,11 @@ def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
     assert calls[sent["b"]] == "round" and calls[sent["b"] + 1] == "b", calls
 
 
-def test_a_long_prompt_waits_in_the_queue_while_another_is_prefilling():
-    """Long prompts are fed one at a time: a second one stays queued while the first is
-    prefilling, so a short request that arrives after it takes the free slot and runs first;
-    the second long prompt is admitted once the first is in."""
+def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefilling():
+    """Prompts are fed the shortest remaining first: a prompt longer than the one prefilling
+    stays queued until that one is in, so a short request that arrives after it takes the free
+    slot and runs first; a prompt longer than a chunk but shorter than what is left of the
+    prefilling one is admitted and fed first."""
     import asyncio
 
     from specwise.sampling import SamplingParams
@@ -876,31 +877,27 @@ def test_a_long_prompt_waits_in_the_queue_while_another_is_prefilling():
     toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
     toy.exact = False  # an exact target takes whole prompts
     engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=3, prefill_chunk=4)
+    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4)
     loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
     jobs = {
         "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
         "long": Job("long", [1, 2, 3, 4, 5] * 8, SamplingParams(max_tokens=2), loop),
-        "long2": Job("long2", [5, 4, 3, 2, 1] * 6, SamplingParams(max_tokens=2), loop),
+        "long2": Job("long2", [5, 4, 3, 2, 1] * 10, SamplingParams(max_tokens=2), loop),
         "short": Job("short", [4, 5], SamplingParams(max_tokens=2), loop),
+        "medium": Job("medium", [4, 5, 6] * 3, SamplingParams(max_tokens=2), loop),
     }
-    fed_order: list[str] = []  # each prefill call's job
-    states: list[str] = []  # long2's when short's prompt went in, long's when long2's did
+    fed: list[tuple[str, str, str]] = []  # each prefill call: its job, long's and long2's state
     prefill = engine.prefill
 
-    def fed(req, budget=None, tenant=None):
+    def feed(req, budget=None, tenant=None):
         name = next(n for n, j in jobs.items() if j.req is req)
-        fed_order.append(name)
-        if name == "long" and fed_order.count("long") == 2:
-            sched.submit(jobs["long2"])
-            sched.submit(jobs["short"])
-        if name == "short":
-            states.append(jobs["long2"].state)
-        if name == "long2" and "long2" not in fed_order[:-1]:
-            states.append(jobs["long"].state)
+        fed.append((name, jobs["long"].state, jobs["long2"].state))
+        if name == "long" and len(fed) == 3:  # long is mid-prefill, 32 or more tokens left
+            for later in ("long2", "short", "medium"):
+                sched.submit(jobs[later])
         return prefill(req, budget, tenant)
 
-    engine.prefill = fed
+    engine.prefill = feed
     try:
         sched.submit(jobs["running"])
         deadline = time.monotonic() + 30
@@ -914,7 +911,10 @@ def test_a_long_prompt_waits_in_the_queue_while_another_is_prefilling():
     finally:
         sched.close()
         loop.close()
-    assert states[0] == "queued" and states[1] in ("running", "done"), (states, fed_order)
+    first = {name: (lng, lng2) for name, lng, lng2 in reversed(fed)}  # states at its first feed
+    assert first["short"] == ("prefilling", "queued"), fed
+    assert first["medium"] == ("prefilling", "queued"), fed
+    assert first["long2"][0] in ("running", "done"), fed
     assert all(j.state == "done" for n, j in jobs.items() if n != "running"), jobs
 
 

@@ -1,7 +1,7 @@
 """`Scheduler`: continuous batching on one worker thread that owns the engine.
 
-Each loop: admit waiting requests up to `max_batch` (a long prompt, more than a chunk, waits in
-the queue while another is prefilling, so short requests behind it get the slots), drop
+Each loop: admit waiting requests up to `max_batch` (a long prompt waits in the queue while a
+prompt it would be fed after is prefilling, so short requests behind it get the slots), drop
 cancelled ones (their caches released at once), feed the prompts that fit whole in one chunk
 (`prefill_chunk` prompt tokens: a short request that arrived during the last chunk starts
 before the round, not after it), run ONE engine round over every running sequence (drafts for
@@ -203,25 +203,24 @@ class Scheduler:
         for job in admit:
             self._admit(job)
 
-    def _long(self, job: Job) -> bool:
-        """A prompt that takes more than one chunk."""
-        return self.prefill_chunk is not None and len(job.prompt) > self.prefill_chunk
-
     def _admissible(self) -> list[Job]:
         """The queued jobs to admit now (the caller holds the lock): in the queue's order while
-        slots are free, except that a long prompt waits while another is prefilling. Long
-        prompts are fed one at a time anyway (the shortest remaining first), so a second one
-        admitted would only hold a slot that a short request behind it in the queue needs."""
+        slots are free, except that a prompt longer than a chunk waits while a prompt with more
+        than a chunk left, but no more than it, is prefilling: prompts are fed the shortest
+        remaining first, so it would be fed only after that one, and meanwhile it would hold a
+        slot that a short request behind it in the queue can use."""
         busy = len(self._running) + len(self._prefilling)
-        long_in = any(self._long(j) for j in self._prefilling)
+        chunk = self.prefill_chunk
+        ahead = [left for j in self._prefilling if not j.held and (left := _left(j)) > (chunk or 0)]
         admit: list[Job] = []
         for job in self._pending:
             if busy + len(admit) >= self.max_batch:
                 break
-            if self._long(job):
-                if long_in:
+            n = len(job.prompt)
+            if chunk is not None and n > chunk:
+                if any(r <= n for r in ahead):
                     continue
-                long_in = True
+                ahead.append(n)
             admit.append(job)
         return admit
 
@@ -281,16 +280,12 @@ class Scheduler:
         shortest remaining first (`whole_only`: only prompts that go in whole); a request
         whose prompt is in starts running. Returns the tokens fed."""
         fed = 0
-
-        def left(job: Job) -> int:
-            return job.req.n_prompt - job.req.prefilled
-
-        for job in sorted(self._prefilling, key=left):
-            if budget - fed < 1 or (whole_only and left(job) > budget - fed):
+        for job in sorted(self._prefilling, key=_left):
+            if budget - fed < 1 or (whole_only and _left(job) > budget - fed):
                 break
             if job.held:
                 continue
-            n = min(budget - fed, left(job))
+            n = min(budget - fed, _left(job))
             try:
                 done = self.engine.prefill(job.req, n, tenant=job.tenant)
             except Exception as exc:
@@ -379,3 +374,8 @@ class Scheduler:
             if tail:
                 job.emit("text", (tail, len(job.req.tokens)))
             job.emit("done", result)
+
+
+def _left(job: Job) -> int:
+    """Prompt tokens of an admitted job not in the target's cache yet."""
+    return job.req.n_prompt - job.req.prefilled
