@@ -866,7 +866,8 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
     """Prompts are fed the shortest remaining first: a prompt longer than the one prefilling
     stays queued until that one is in, so a short request that arrives after it takes the free
     slot and runs first; a prompt longer than a chunk but shorter than what is left of the
-    prefilling one is admitted and fed first."""
+    prefilling one is admitted and fed first. Short prompts (at most a chunk) go in whole even
+    when together they take more than a chunk."""
     import asyncio
 
     from specwise.sampling import SamplingParams
@@ -884,6 +885,7 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
         "long": Job("long", [1, 2, 3, 4, 5] * 8, SamplingParams(max_tokens=2), loop),
         "long2": Job("long2", [5, 4, 3, 2, 1] * 10, SamplingParams(max_tokens=2), loop),
         "short": Job("short", [4, 5], SamplingParams(max_tokens=2), loop),
+        "short2": Job("short2", [6, 7, 8], SamplingParams(max_tokens=2), loop),
         "medium": Job("medium", [4, 5, 6] * 3, SamplingParams(max_tokens=2), loop),
     }
     fed: list[tuple[str, str, str]] = []  # each prefill call: its job, long's and long2's state
@@ -893,7 +895,7 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
         name = next(n for n, j in jobs.items() if j.req is req)
         fed.append((name, jobs["long"].state, jobs["long2"].state))
         if name == "long" and len(fed) == 3:  # long is mid-prefill, 32 or more tokens left
-            for later in ("long2", "short", "medium"):
+            for later in ("long2", "short", "short2", "medium"):
                 sched.submit(jobs[later])
         return prefill(req, budget, tenant)
 
@@ -912,7 +914,9 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
         sched.close()
         loop.close()
     first = {name: (lng, lng2) for name, lng, lng2 in reversed(fed)}  # states at its first feed
-    assert first["short"] == ("prefilling", "queued"), fed
+    assert first["short"] == first["short2"] == ("prefilling", "queued"), fed
+    names = [name for name, _, _ in fed]
+    assert names.count("short") == names.count("short2") == 1, fed  # whole, 5 > a chunk
     assert first["medium"] == ("prefilling", "queued"), fed
     assert first["long2"][0] in ("running", "done"), fed
     assert all(j.state == "done" for n, j in jobs.items() if n != "running"), jobs

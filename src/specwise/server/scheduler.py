@@ -2,24 +2,24 @@
 
 Each loop: admit waiting requests up to `max_batch` (a long prompt waits in the queue while a
 prompt it would be fed after is prefilling, so short requests behind it get the slots), drop
-cancelled ones (their caches released at once), feed the prompts that fit whole in one chunk
-(`prefill_chunk` prompt tokens: a short request that arrived during the last chunk starts
-before the round, not after it), run ONE engine round over every running sequence (drafts for
-each, one batched target forward), publish each request's new text to its asyncio queue, drop
-the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that left waits
-for none), admit the requests that arrived during the round, then feed prefilling requests with
-what is left of the chunk, the shortest remaining prompt first: prompts take at most one chunk
-between two rounds, so a long prompt delays the running streams by one chunk a round, not by
-its whole prefill, and a short request arriving behind it starts within a chunk. A request
-joins the rounds once its prompt is in. In exact mode prompts go in whole, as plain one-request
-decoding feeds them (a chunk's kernels could round the cache differently). If a batched round
-fails, each request is retried alone, so only the request that fails alone is failed (a round
-that raises leaves every request as it was: `Engine.step`). A paused job (the inspector's step
-mode) holds its place and caches but runs only the rounds it is granted (`grant`), each with
-the settings given for it; the other requests go on around it. The last `RECENT` finished jobs
-are kept for the inspector. Every `save_every_s` seconds, between rounds, what the controller
-learnt is saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches
-the engine.
+cancelled ones (their caches released at once), feed the short prompts whole (those with at
+most a chunk, `prefill_chunk` tokens, left: a short request that arrived during the last chunk
+starts before the round, not after it), run ONE engine round over every running sequence
+(drafts for each, one batched target forward), publish each request's new text to its asyncio
+queue, drop the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that
+left waits for none), admit the requests that arrived during the round, then feed the prompts,
+the shortest remaining first: short ones whole, and a long one what is left of the chunk once
+the loop's short prompts are in. So a long prompt delays the running streams by at
+most a chunk a round, not by its whole prefill, and a short request arriving behind it starts
+within a chunk, its prompt never split across rounds. A request joins the rounds once its
+prompt is in. In exact mode prompts go in whole, as plain one-request decoding feeds them (a
+chunk's kernels could round the cache differently). If a batched round fails, each request is
+retried alone, so only the request that fails alone is failed (a round that raises leaves every
+request as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and
+caches but runs only the rounds it is granted (`grant`), each with the settings given for it;
+the other requests go on around it. The last `RECENT` finished jobs are kept for the inspector.
+Every `save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB;
+the CLI saves it again at shutdown). The HTTP layer never touches the engine.
 """
 
 from __future__ import annotations
@@ -178,8 +178,7 @@ class Scheduler:
             self._admit_waiting()
             self._drop_cancelled()
             budget = math.inf if self.prefill_chunk is None else self.prefill_chunk
-            if self.prefill_chunk is not None:  # prompts that arrived during the last chunk
-                budget -= self._prefill(budget, whole_only=True)
+            budget -= self._prefill(0)  # short prompts that came during the last chunk
             if any(not j.held for j in self._running):
                 self._round()
                 self._save_learning()
@@ -275,17 +274,20 @@ class Scheduler:
         job.state = "prefilling"
         self._prefilling.append(job)
 
-    def _prefill(self, budget: float, whole_only: bool = False) -> float:
-        """Feed prefilling requests up to `budget` prompt tokens (inf: whole prompts), the
-        shortest remaining first (`whole_only`: only prompts that go in whole); a request
-        whose prompt is in starts running. Returns the tokens fed."""
+    def _prefill(self, budget: float) -> float:
+        """Feed prefilling requests, the shortest remaining first: a prompt with at most a
+        chunk left goes in whole, a longer one gets what is left of `budget` prompt tokens
+        (after the whole ones; inf: whole prompts). A request whose prompt is in starts
+        running. Returns the tokens fed."""
         fed = 0
         for job in sorted(self._prefilling, key=_left):
-            if budget - fed < 1 or (whole_only and _left(job) > budget - fed):
-                break
             if job.held:
                 continue
-            n = min(budget - fed, _left(job))
+            n = _left(job)
+            if self.prefill_chunk is not None and n > self.prefill_chunk:
+                if budget - fed < 1:
+                    break
+                n = min(n, budget - fed)
             try:
                 done = self.engine.prefill(job.req, n, tenant=job.tenant)
             except Exception as exc:
