@@ -111,6 +111,20 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prefill-chunk", "-1"], "--prefill-chunk -1 is invalid"),
+        (["--whole-prompt", "-1"], "--whole-prompt -1 is invalid"),
+        (["--max-batch", "0"], "--max-batch 0 is invalid"),
+    ],
+)
+def test_bad_serve_options_are_one_sentence_before_any_model_loads(capsys, args, message):
+    assert main(["serve", "--target", "/no/such/model.gguf", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_prompt_longer_than_context(smollm2_path, capsys):
     assert (
         main(["generate", "--target", str(smollm2_path), "--max-tokens", "2", "word " * 5000]) == 2

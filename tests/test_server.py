@@ -758,7 +758,7 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
     toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
     toy.exact = False  # an exact target takes whole prompts
     engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=2, prefill_chunk=4)
+    sched = Scheduler(engine, Metrics(), max_batch=2, prefill_chunk=4, whole_prompt=4)
     loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
     short = Job("short", [1, 2, 3], SamplingParams(max_tokens=200), loop)
     long = Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop)
@@ -814,7 +814,7 @@ def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
     toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
     toy.exact = False  # an exact target takes whole prompts
     engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4)
+    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4, whole_prompt=4)
     loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
     jobs = {
         "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
@@ -878,7 +878,7 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
     toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
     toy.exact = False  # an exact target takes whole prompts
     engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4)
+    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4, whole_prompt=4)
     loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
     jobs = {
         "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),

@@ -17,7 +17,7 @@ from specwise.backends import BACKENDS
 from specwise.drafters import DRAFT_MODEL
 from specwise.drafters.suffix import SCOPES
 from specwise.sampling import SamplingParams
-from specwise.server.scheduler import PREFILL_CHUNK
+from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT
 
 __all__ = ["main"]
 
@@ -699,6 +699,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(
             f"--prefill-chunk {a.prefill_chunk} is invalid; use tokens >= 1, or 0 for whole prompts"
         )
+    if a.whole_prompt < 0:
+        raise UsageError(f"--whole-prompt {a.whole_prompt} is invalid; use tokens >= 0")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
@@ -727,6 +729,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         api_keys=api_keys,
         cors_origins=a.cors or None,
         prefill_chunk=a.prefill_chunk or None,
+        whole_prompt=a.whole_prompt,
     )
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
@@ -1062,8 +1065,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-chunk",
         type=int,
         default=PREFILL_CHUNK,
-        help=f"prompt tokens fed between two rounds, so a long prompt does not stall the "
+        help=f"tokens of a long prompt fed between two rounds, so it does not stall the "
         f"running streams (default {PREFILL_CHUNK}; 0: whole prompts; exact mode: whole)",
+    )
+    s.add_argument(
+        "--whole-prompt",
+        type=int,
+        default=WHOLE_PROMPT,
+        help=f"prompts of at most this many tokens go in whole, before and after each round, "
+        f"so a short request's first token takes one forward (default {WHOLE_PROMPT})",
     )
     s.add_argument(
         "--drain-timeout",

@@ -32,7 +32,7 @@ from specwise.server import protocol
 from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
-from specwise.server.scheduler import PREFILL_CHUNK, Job, QueueFull, Scheduler
+from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT, Job, QueueFull, Scheduler
 from specwise.trace import rss_mb
 
 __all__ = ["create_app"]
@@ -54,13 +54,19 @@ def create_app(
     cors_origins: list[str] | None = None,
     max_body_bytes: int = 4 << 20,
     prefill_chunk: int | None = PREFILL_CHUNK,
+    whole_prompt: int = WHOLE_PROMPT,
 ) -> FastAPI:
     metrics = Metrics()
     state: dict[str, Scheduler] = {}
 
     async def lifespan(app: FastAPI):
         state["scheduler"] = Scheduler(
-            engine, metrics, max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk
+            engine,
+            metrics,
+            max_batch=max_batch,
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk,
+            whole_prompt=whole_prompt,
         )
         yield
         state.pop("scheduler").close()

@@ -1,26 +1,26 @@
 """`Scheduler`: continuous batching on one worker thread that owns the engine.
 
 Each loop: admit waiting requests up to `max_batch` (a long prompt waits in the queue while a
-prompt it would be fed after is prefilling, so short requests behind it get the slots), drop
-cancelled ones (their caches released at once), feed the short prompts whole (those with at
-most a chunk, `prefill_chunk` tokens, left: a short request that arrived during the last chunk
-starts before the round, not after it), run ONE engine round over every running sequence
-(drafts for each, one batched target forward), publish each request's new text to its asyncio
-queue, drop the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that
-left waits for none), admit the requests that arrived during the round, then feed the prompts,
-the shortest remaining first: short ones whole, and a long one what is left of the chunk once
-the loop's short prompts are in. So a long prompt delays the running streams by at
-most a chunk a round, not by its whole prefill, and a short request arriving behind it starts
-within a chunk, its prompt never split across rounds. A request joins the rounds once its
-prompt is in. In exact mode prompts go in whole, as plain one-request decoding feeds them (a
-chunk's kernels could round the cache differently). If a batched round fails, each request is
-retried alone, so only the request that fails alone is failed (a round that raises leaves every
-request as it was: `Engine.step`). A paused job (the inspector's step mode) holds its place and
-caches but runs only the rounds it is granted (`grant`), each with the settings given for it;
-the other requests go on around it. The last `RECENT` finished jobs are kept for the inspector.
-Every `save_every_s` seconds, between rounds, what the controller learnt is saved (a few KB;
-the CLI saves it again at shutdown). The HTTP layer never touches the engine.
-"""
+long prompt it would be fed after is prefilling, so short requests behind it get the slots),
+drop cancelled ones (their caches released at once), feed the short prompts whole
+(`whole_prompt` tokens or fewer left: a short request that arrived during the last chunk starts
+before the round, not after it), run ONE engine round over every running sequence (drafts for
+each, one batched target forward), publish each request's new text to its asyncio queue, drop
+the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that left waits
+for none), admit the requests that arrived during the round, then feed the prompts, the
+shortest remaining first: short ones whole, and a long one what is left of the chunk
+(`prefill_chunk` tokens) once the loop's short prompts are in. So a long prompt delays the
+running streams by at most a chunk a round, not by its whole prefill, and a short request
+arriving behind it starts within a chunk, its prompt never split across rounds. A request joins
+the rounds once its prompt is in. In exact mode prompts go in whole, as plain one-request
+decoding feeds them (a chunk's kernels could round the cache differently). If a batched round
+fails, each request is retried alone, so only the request that fails alone is failed (a round
+that raises leaves every request as it was: `Engine.step`). A paused job (the inspector's step
+mode) holds its place and caches but runs only the rounds it is granted (`grant`), each with
+the settings given for it; the other requests go on around it. The last `RECENT` finished jobs
+are kept for the inspector. Every `save_every_s` seconds, between rounds, what the controller
+learnt is saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches
+the engine."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ __all__ = ["Job", "QueueFull", "Scheduler"]
 
 log = logging.getLogger(__name__)
 SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
-PREFILL_CHUNK = 64  # default prompt tokens fed between two rounds (BENCHMARKS §8: the trade)
+PREFILL_CHUNK = 64  # default tokens of a long prompt fed between two rounds (BENCHMARKS §8)
+WHOLE_PROMPT = 64  # default: prompts of at most this many tokens go in whole (BENCHMARKS §8)
 RECENT = 64  # finished jobs kept for the inspector's list
 
 
@@ -98,6 +99,7 @@ class Scheduler:
         max_queue: int = 64,
         save_every_s: float = SAVE_EVERY_S,
         prefill_chunk: int | None = PREFILL_CHUNK,
+        whole_prompt: int = WHOLE_PROMPT,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError(
@@ -105,9 +107,12 @@ class Scheduler:
             )
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk = {prefill_chunk} must be >= 1 (or None: whole)")
+        if whole_prompt < 0:
+            raise ValueError(f"whole_prompt = {whole_prompt} must be >= 0")
         self.engine, self.metrics = engine, metrics
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_chunk = None if engine.target.exact else prefill_chunk
+        self.whole_prompt = whole_prompt
         self.save_every_s = save_every_s
         self._saved = time.monotonic()
         self._pending: collections.deque[Job] = collections.deque()
@@ -204,24 +209,27 @@ class Scheduler:
 
     def _admissible(self) -> list[Job]:
         """The queued jobs to admit now (the caller holds the lock): in the queue's order while
-        slots are free, except that a prompt longer than a chunk waits while a prompt with more
-        than a chunk left, but no more than it, is prefilling: prompts are fed the shortest
-        remaining first, so it would be fed only after that one, and meanwhile it would hold a
-        slot that a short request behind it in the queue can use."""
+        slots are free, except that a long prompt waits while a long prompt with no more tokens
+        left than it has is prefilling: prompts are fed the shortest remaining first, so it
+        would be fed only after that one, and meanwhile it would hold a slot that a short
+        request behind it in the queue can use."""
         busy = len(self._running) + len(self._prefilling)
-        chunk = self.prefill_chunk
-        ahead = [left for j in self._prefilling if not j.held and (left := _left(j)) > (chunk or 0)]
+        ahead = [_left(j) for j in self._prefilling if not j.held and not self._short(_left(j))]
         admit: list[Job] = []
         for job in self._pending:
             if busy + len(admit) >= self.max_batch:
                 break
             n = len(job.prompt)
-            if chunk is not None and n > chunk:
+            if not self._short(n):
                 if any(r <= n for r in ahead):
                     continue
                 ahead.append(n)
             admit.append(job)
         return admit
+
+    def _short(self, tokens: int) -> bool:
+        """A prompt with this many tokens left goes in whole (every prompt when unchunked)."""
+        return self.prefill_chunk is None or tokens <= self.whole_prompt
 
     def _drop_queued(self) -> None:
         """Take the queued jobs whose clients left out of the queue (the caller holds the lock)."""
@@ -275,16 +283,15 @@ class Scheduler:
         self._prefilling.append(job)
 
     def _prefill(self, budget: float) -> float:
-        """Feed prefilling requests, the shortest remaining first: a prompt with at most a
-        chunk left goes in whole, a longer one gets what is left of `budget` prompt tokens
-        (after the whole ones; inf: whole prompts). A request whose prompt is in starts
-        running. Returns the tokens fed."""
+        """Feed prefilling requests, the shortest remaining first: a short prompt goes in
+        whole, a long one gets what is left of `budget` prompt tokens after the short ones.
+        A request whose prompt is in starts running. Returns the tokens fed."""
         fed = 0
         for job in sorted(self._prefilling, key=_left):
             if job.held:
                 continue
             n = _left(job)
-            if self.prefill_chunk is not None and n > self.prefill_chunk:
+            if not self._short(n):
                 if budget - fed < 1:
                     break
                 n = min(n, budget - fed)
