@@ -43,7 +43,7 @@ __all__ = ["Job", "QueueFull", "Scheduler"]
 
 log = logging.getLogger(__name__)
 SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learning
-PREFILL_CHUNK = 64  # default tokens of a long prompt fed between two rounds (BENCHMARKS §8)
+PREFILL_CHUNK = 16  # default tokens of a long prompt fed between two rounds (BENCHMARKS §8)
 WHOLE_PROMPT = 64  # default: prompts of at most this many tokens go in whole (BENCHMARKS §8)
 RECENT = 64  # finished jobs kept for the inspector's list
 
