@@ -116,6 +116,8 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
     [
         (["--prefill-chunk", "-1"], "--prefill-chunk -1 is invalid"),
         (["--whole-prompt", "-1"], "--whole-prompt -1 is invalid"),
+        (["--streams-per-key", "-2"], "--streams-per-key -2 is invalid"),
+        (["--max-body-mb", "0"], "--max-body-mb 0 is invalid"),
         (["--max-batch", "0"], "--max-batch 0 is invalid"),
     ],
 )

@@ -437,6 +437,51 @@ def test_api_key(engine):
         assert c.get("/health").status_code == 200  # health needs no key
 
 
+def test_the_servers_limits_on_prompts_max_tokens_and_streams_per_key(engine):
+    """`max_prompt`, `max_new_tokens` and `streams_per_key`: a clear 400 or 429 naming the
+    limit, a default max_tokens cut to the limit, another key unaffected, and the key's slot
+    given back once its request ends."""
+    app = create_app(
+        engine, MODEL, api_keys=["a", "b"], max_prompt=12, max_new_tokens=6, streams_per_key=1
+    )
+
+    def key(k: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {k}"}
+
+    def ask(k: str, **body):
+        return c.post("/v1/completions", json={"model": MODEL, **body}, headers=key(k))
+
+    with TestClient(app) as c:
+        r = ask("a", prompt="one two three " * 10, max_tokens=2)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "prompt" and "at most 12" in err["message"]
+        r = ask("a", prompt="1, 2, 3,", max_tokens=7)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "max_tokens"
+        assert "limit of 6 tokens" in err["message"]
+        r = ask("a", prompt="1, 2, 3,", temperature=0)  # names no max_tokens: the default, cut
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 6
+        limits = c.get("/health").json()["limits"]
+        assert (limits["max_prompt"], limits["max_new_tokens"], limits["streams_per_key"]) == (
+            12,
+            6,
+            1,
+        )
+        paused = {"prompt": "Hi", "max_tokens": 4, "paused": True}  # holds key a's one stream
+        sid = c.post("/ui/api/sessions", json=paused, headers=key("a")).json()["id"]
+        try:
+            r = ask("a", prompt="1, 2,", max_tokens=2)
+            assert r.status_code == 429 and "per key" in r.json()["error"]["message"]
+            assert ask("b", prompt="1, 2,", max_tokens=2).status_code == 200
+        finally:
+            c.delete(f"/ui/api/sessions/{sid}", headers=key("a"))
+        deadline = time.monotonic() + 30
+        while (r := ask("a", prompt="1, 2,", max_tokens=2)).status_code == 429:
+            assert time.monotonic() < deadline, "the key's slot never came back"
+            time.sleep(0.05)
+        assert r.status_code == 200
+
+
 def test_each_api_key_is_a_tenant_of_the_suffix_memory(engine):
     """Requests under two keys are remembered apart, under hashes of the keys; the second
     tenant's repeat of the first tenant's request is not drafted from the first's text."""

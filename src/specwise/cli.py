@@ -699,8 +699,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError(
             f"--prefill-chunk {a.prefill_chunk} is invalid; use tokens >= 1, or 0 for whole prompts"
         )
-    if a.whole_prompt < 0:
-        raise UsageError(f"--whole-prompt {a.whole_prompt} is invalid; use tokens >= 0")
+    for flag in ("whole_prompt", "max_prompt", "max_new_tokens", "streams_per_key"):
+        if getattr(a, flag) < 0:
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name} {getattr(a, flag)} is invalid; use an integer >= 0")
+    if not a.max_body_mb > 0:
+        raise UsageError(f"--max-body-mb {a.max_body_mb:g} is invalid; use MiB > 0")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
@@ -730,6 +734,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
         cors_origins=a.cors or None,
         prefill_chunk=a.prefill_chunk or None,
         whole_prompt=a.whole_prompt,
+        max_body_bytes=int(a.max_body_mb * (1 << 20)),
+        max_prompt=a.max_prompt,
+        max_new_tokens=a.max_new_tokens,
+        streams_per_key=a.streams_per_key,
     )
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
@@ -1068,6 +1076,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens of a long prompt fed between two rounds, so it does not stall the "
         f"running streams (default {PREFILL_CHUNK}; 0: whole prompts; exact mode: whole)",
     )
+    s.add_argument(
+        "--max-prompt", type=int, default=0, help="prompt tokens a request may send (0: context)"
+    )
+    s.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=0,
+        help="max_tokens a request may ask for (0: up to the context); a request asking more "
+        "gets a 400, one naming none gets at most this",
+    )
+    s.add_argument(
+        "--streams-per-key",
+        type=int,
+        default=0,
+        help="requests of one API key queued or running at once (0: no limit); 429 past it",
+    )
+    s.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MiB (4)")
     s.add_argument(
         "--whole-prompt",
         type=int,

@@ -15,6 +15,7 @@ by which `bench.faults` sizes its faults.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -55,7 +56,14 @@ def create_app(
     max_body_bytes: int = 4 << 20,
     prefill_chunk: int | None = PREFILL_CHUNK,
     whole_prompt: int = WHOLE_PROMPT,
+    max_prompt: int = 0,
+    max_new_tokens: int = 0,
+    streams_per_key: int = 0,
 ) -> FastAPI:
+    """The OpenAI-compatible app over `engine`. Limits (0: none beyond the model's context):
+    `max_prompt` prompt tokens, `max_new_tokens` a request may ask for (the default of a
+    request that names none is cut to it), `streams_per_key` requests of one API key queued
+    or running at once (with `api_keys` only; 429 past it)."""
     metrics = Metrics()
     state: dict[str, Scheduler] = {}
 
@@ -120,6 +128,9 @@ def create_app(
             "max_batch": max_batch,
             "max_queue": max_queue,
             "max_body_bytes": max_body_bytes,
+            "max_prompt": max_prompt or engine.target.context_length,
+            "max_new_tokens": max_new_tokens or None,
+            "streams_per_key": streams_per_key or None,
         }
         out["exact"] = engine.target.exact
         out["rss_mb"] = round(rss_mb(), 1)
@@ -145,6 +156,17 @@ def create_app(
         """Parse, check and tokenize a request body and queue it as a Job (ApiError when it
         cannot be); `how`: the Job's inspector fields (inspect, paused)."""
         req = protocol.parse(body, chat, [model_name])
+        req = _hold_max_tokens(body, req, max_new_tokens)
+        if streams_per_key and tenant is not None:
+            held = state["scheduler"].in_flight(tenant)
+            if held >= streams_per_key:
+                raise ApiError(
+                    429,
+                    f"this API key has {held} requests queued or running, the server's limit "
+                    f"per key; retry when one has ended",
+                    kind="rate_limit_error",
+                    headers={"Retry-After": "1"},
+                )
         try:
             engine.check_override(req.k, req.drafter)
         except ValueError as exc:
@@ -156,7 +178,7 @@ def create_app(
             raise ApiError(400, str(exc), "speculative.acceptance") from None
         job = Job(
             job_id or protocol.new_id(chat),
-            _tokenize(engine, req),
+            _tokenize(engine, req, max_prompt),
             req.params,
             asyncio.get_running_loop(),
             k=req.k,
@@ -248,15 +270,35 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-def _tokenize(engine: Engine, req: ParsedRequest) -> list[int]:
+def _hold_max_tokens(body: dict, req: ParsedRequest, limit: int) -> ParsedRequest:
+    """The request with its `max_tokens` held to the server's `limit` (0: none): 400 when the
+    client asked for more, the default cut to it when the client named none."""
+    if not limit or req.params.max_tokens <= limit:
+        return req
+    field = next((f for f in ("max_completion_tokens", "max_tokens") if body.get(f)), None)
+    if field is None:
+        return dataclasses.replace(req, params=dataclasses.replace(req.params, max_tokens=limit))
+    raise ApiError(
+        400,
+        f"'{field}' = {req.params.max_tokens} is over this server's limit of {limit} tokens",
+        field,
+    )
+
+
+def _tokenize(engine: Engine, req: ParsedRequest, limit: int = 0) -> list[int]:
     """The request's prompt as token ids, checked here (400) so that a prompt the context
-    cannot hold is refused before a stream starts (the engine would fail it inside one)."""
+    cannot hold, or longer than the server's `limit` (0: none), is refused before a stream
+    starts (the engine would fail it inside one)."""
     tok = engine.target.tokenizer
     if tok is None:
         raise ApiError(500, "the model has no tokenizer", kind="server_error")
     try:
         ids = tok.render_chat(req.messages) if req.chat else tok.encode(req.prompt)
         engine.check_prompt(ids)
+        if limit and len(ids) > limit:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; this server takes prompts of at most {limit}"
+            )
         return ids
     except ValueError as exc:
         raise ApiError(400, str(exc), "messages" if req.chat else "prompt") from None

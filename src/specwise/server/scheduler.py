@@ -158,6 +158,11 @@ class Scheduler:
         live = [*self._running, *self._prefilling, *self._pending]
         return [*reversed(live), *reversed(self.recent)]
 
+    def in_flight(self, tenant: str) -> int:
+        """Jobs of `tenant` queued, prefilling or running now (a snapshot)."""
+        live = [*self._running, *self._prefilling, *self._pending]
+        return sum(1 for j in live if j.tenant == tenant)
+
     def close(self) -> None:
         with self._cond:
             self._stop = True
