@@ -789,22 +789,38 @@ def test_the_ttft_script_measures_a_short_request_behind_a_long_one(server):
     assert done.stdout.startswith("short alone ") and "behind a 150-word prompt" in done.stdout
 
 
-def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chunk():
-    """A prompt's chunk may take seconds on a CPU: requests cancelled during a round, a running
-    one and a queued one, are ended (caches released, counted cancelled) before the scheduler
-    feeds the chunk."""
+def toy_scheduler(max_batch: int):
+    """A scheduler over a toy target that takes prompts of more than 4 tokens in chunks of 4,
+    and an event loop that never runs (the jobs' events only queue up)."""
     import asyncio
 
-    from specwise.sampling import SamplingParams
     from specwise.server.metrics import Metrics
-    from specwise.server.scheduler import Job, Scheduler
+    from specwise.server.scheduler import Scheduler
     from toy import ToyLM
 
     toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
     toy.exact = False  # an exact target takes whole prompts
     engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=2, prefill_chunk=4, whole_prompt=4)
-    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    sched = Scheduler(engine, Metrics(), max_batch=max_batch, prefill_chunk=4, whole_prompt=4)
+    return engine, sched, asyncio.new_event_loop()
+
+
+def wait_until(done, seconds: float = 30.0) -> None:
+    """Poll `done()` until it holds; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chunk():
+    """A prompt's chunk may take seconds on a CPU: requests cancelled during a round, a running
+    one and a queued one, are ended (caches released, counted cancelled) before the scheduler
+    feeds the chunk."""
+    from specwise.sampling import SamplingParams
+    from specwise.server.scheduler import Job
+
+    engine, sched, loop = toy_scheduler(max_batch=2)
     short = Job("short", [1, 2, 3], SamplingParams(max_tokens=200), loop)
     long = Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop)
     queued = Job("queued", [1, 2, 3], SamplingParams(max_tokens=4), loop)  # no slot left
@@ -828,15 +844,10 @@ def test_a_job_whose_client_left_during_a_round_ends_before_the_next_prefill_chu
     engine.step, engine.prefill = step_and_leave, watched
     try:
         sched.submit(short)
-        deadline = time.monotonic() + 30
-        while short.state != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: short.state == "running")
         sched.submit(long)
         sched.submit(queued)
-        while long.state not in ("done", "failed"):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: long.state in ("done", "failed"))
     finally:
         sched.close()
         loop.close()
@@ -849,18 +860,10 @@ def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
     """A short prompt that arrives while a long prompt's chunk is fed goes in before the next
     round; one that arrives during a round goes in before the next chunk (it does not wait for
     a round and a chunk)."""
-    import asyncio
-
     from specwise.sampling import SamplingParams
-    from specwise.server.metrics import Metrics
-    from specwise.server.scheduler import Job, Scheduler
-    from toy import ToyLM
+    from specwise.server.scheduler import Job
 
-    toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
-    toy.exact = False  # an exact target takes whole prompts
-    engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4, whole_prompt=4)
-    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    engine, sched, loop = toy_scheduler(max_batch=4)
     jobs = {
         "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
         "long": Job("long", [1, 2, 3, 4, 5] * 30, SamplingParams(max_tokens=2), loop),
@@ -892,14 +895,9 @@ def test_a_short_request_arriving_during_a_chunk_or_a_round_is_fed_next():
     engine.step, engine.prefill = stepped, fed
     try:
         sched.submit(jobs["running"])
-        deadline = time.monotonic() + 30
-        while jobs["running"].state != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: jobs["running"].state == "running")
         sched.submit(jobs["long"])
-        while jobs["long"].state not in ("done", "failed") or "b" not in sent:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: jobs["long"].state in ("done", "failed") and "b" in sent)
     finally:
         sched.close()
         loop.close()
@@ -913,18 +911,10 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
     slot and runs first; a prompt longer than a chunk but shorter than what is left of the
     prefilling one is admitted and fed first. Short prompts (at most a chunk) go in whole even
     when together they take more than a chunk."""
-    import asyncio
-
     from specwise.sampling import SamplingParams
-    from specwise.server.metrics import Metrics
-    from specwise.server.scheduler import Job, Scheduler
-    from toy import ToyLM
+    from specwise.server.scheduler import Job
 
-    toy = ToyLM(vocab=12, seed=1, delay_ms=(5.0, 1.0))
-    toy.exact = False  # an exact target takes whole prompts
-    engine = Engine(toy, [NgramDrafter()], k=2)
-    sched = Scheduler(engine, Metrics(), max_batch=4, prefill_chunk=4, whole_prompt=4)
-    loop = asyncio.new_event_loop()  # never run: the jobs' events only queue up
+    engine, sched, loop = toy_scheduler(max_batch=4)
     jobs = {
         "running": Job("running", [1, 2, 3], SamplingParams(max_tokens=300), loop),
         "long": Job("long", [1, 2, 3, 4, 5] * 8, SamplingParams(max_tokens=2), loop),
@@ -947,14 +937,9 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
     engine.prefill = feed
     try:
         sched.submit(jobs["running"])
-        deadline = time.monotonic() + 30
-        while jobs["running"].state != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: jobs["running"].state == "running")
         sched.submit(jobs["long"])
-        while jobs["long2"].state not in ("done", "failed"):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: jobs["long2"].state in ("done", "failed"))
     finally:
         sched.close()
         loop.close()
