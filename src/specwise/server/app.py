@@ -162,8 +162,8 @@ def create_app(
             if held >= streams_per_key:
                 raise ApiError(
                     429,
-                    f"this API key has {held} requests queued or running, the server's limit "
-                    f"per key; retry when one has ended",
+                    f"this API key already has {held} of its {streams_per_key} requests at "
+                    f"once queued or running (the server's limit per key); retry when one ends",
                     kind="rate_limit_error",
                     headers={"Retry-After": "1"},
                 )

@@ -20,7 +20,8 @@ mode) holds its place and caches but runs only the rounds it is granted (`grant`
 the settings given for it; the other requests go on around it. The last `RECENT` finished jobs
 are kept for the inspector. Every `save_every_s` seconds, between rounds, what the controller
 learnt is saved (a few KB; the CLI saves it again at shutdown). The HTTP layer never touches
-the engine."""
+the engine.
+"""
 
 from __future__ import annotations
 
