@@ -156,13 +156,15 @@ class Scheduler:
     def jobs(self) -> list[Job]:
         """Every job the scheduler knows now: queued, prefilling, running, then recently
         finished, newest first (a snapshot; the jobs go on changing)."""
-        live = [*self._running, *self._prefilling, *self._pending]
-        return [*reversed(live), *reversed(self.recent)]
+        return [*reversed(self._live()), *reversed(self.recent)]
 
     def in_flight(self, tenant: str) -> int:
         """Jobs of `tenant` queued, prefilling or running now (a snapshot)."""
-        live = [*self._running, *self._prefilling, *self._pending]
-        return sum(1 for j in live if j.tenant == tenant)
+        return sum(1 for j in self._live() if j.tenant == tenant)
+
+    def _live(self) -> list[Job]:
+        """Running, prefilling, then queued jobs (a snapshot)."""
+        return [*self._running, *self._prefilling, *self._pending]
 
     def close(self) -> None:
         with self._cond:
