@@ -220,14 +220,19 @@ def test_a_soak_passes_only_when_every_check_does():
 def test_a_soaks_faults_wait_as_long_as_its_load_takes(monkeypatch, tmp_path):
     """A fault that must be answered queues behind the soak's requests: its patience is
     PATIENCE_FACTOR x the longest recent latency of the load (never below faults.REQUEST_S),
-    and none comes before the load's first answer (before it, there is no latency to scale)."""
+    and none comes before as many answers as workers (the first answer here never queued: a
+    patience scaled from it alone would be REQUEST_S, too short for the 20-s answers after)."""
     import io
+    import itertools
 
     from specwise.bench import faults
 
+    calls = itertools.count()
+
     def one_request(client, opts, prompt, k):
-        load.time.sleep(0.3)
-        return {"latency_s": 20.0, "tokens": 1}
+        first = next(calls) == 0
+        load.time.sleep(0.1 if first else 0.6)
+        return {"latency_s": 2.0 if first else 20.0, "tokens": 1}
 
     patience: list[float] = []
 
@@ -237,8 +242,8 @@ def test_a_soaks_faults_wait_as_long_as_its_load_takes(monkeypatch, tmp_path):
 
     monkeypatch.setattr(load, "one_request", one_request)
     monkeypatch.setattr(faults, "run_faults", run_faults)
-    opts = LoadOptions({"": "http://127.0.0.1:9"}, [1], ["p"], [None], tmp_path)
-    result = load.run_soak(opts, seconds=0.8, every=0.4, stream=io.StringIO(), fault_every=0.1)
+    opts = LoadOptions({"": "http://127.0.0.1:9"}, [2], ["p"], [None], tmp_path)
+    result = load.run_soak(opts, seconds=1.2, every=0.6, stream=io.StringIO(), fault_every=0.1)
     assert patience and all(p == pytest.approx(load.PATIENCE_FACTOR * 20.0) for p in patience)
-    assert result["faults"][0]["at_s"] >= 0.3
+    assert result["faults"][0]["at_s"] >= 0.6
     assert [f["patience_s"] for f in result["faults"]] == patience
