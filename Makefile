@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo soak external browser lint bench clean
+.PHONY: install test demo soak external native browser lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ soak: $(STAMP)
 # `specwise bench engines` and the tests that compare with it (they skip without it).
 external: $(STAMP)
 	$(PY) -m specwise.engines.llama_server build
+
+# ik_llama.cpp compiled for this CPU (the wheel's library is an AVX2 build), cached under
+# $SPECWISE_HOME/engines/ik_llama (minutes on 2 cores, once per machine); specwise then loads
+# it instead of the wheel's and measures its costs and its backend choice again.
+native: $(STAMP)
+	$(PY) -m specwise.backends.ik_native build
 
 # Debian's Chromium, for the trace inspector's browser tests (tests/test_ui.py skip without it,
 # saying so); Playwright drives it (installed with the dev extras).

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.backends.base import LM
-from specwise.costs import CostCurve, machine, measure_curves
+from specwise.costs import CostCurve, measure_curves
+from specwise.machine import machine
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specwise.backends.base import LM, Reserved
+from specwise.machine import machine
 
 if TYPE_CHECKING:
     from specwise.drafters.base import Drafter
@@ -139,23 +138,11 @@ def measure_curves(
     }
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return f"{cpu}|{os.cpu_count()}"
-
-
 def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
-    """Identifies a measurement: machine, target weights, backend, threads, exact mode,
-    drafters."""
+    """Identifies a measurement: machine, target weights, backend and its library, threads,
+    exact mode, drafters."""
     info = target.info
-    parts = [machine(), f"{info.backend}:{info.fingerprint}:{info.threads}"]
+    parts = [machine(), f"{info.backend}:{info.library}:{info.fingerprint}:{info.threads}"]
     parts += ["exact"] if info.exact else []
     parts += sorted(d.fingerprint for d in drafters)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]

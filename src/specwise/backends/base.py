@@ -48,6 +48,7 @@ class BackendInfo:
     threads: int | None
     fingerprint: str  # identifies the weights; keys cached measurements
     exact: bool = False  # logits depend on a sequence's tokens alone, bit for bit (`LM.exact`)
+    library: str = ""  # identifies the library that computes, where one backend has several
 
 
 class Reserved:

@@ -1,5 +1,6 @@
 """ctypes declarations of our own for the ik_llama.cpp library that the `ik-llama-cpp-python`
-wheel ships (`ik_llama_cpp/lib/libllama.so`), matching the `llama.h` shipped in the same wheel.
+wheel ships (`ik_llama_cpp/lib/libllama.so`), or that `ik_native` builds for this CPU from the
+same version's source, matching the `llama.h` shipped in the wheel.
 
 Only what `IkLlamaLM` calls is declared. The three structs passed by value (`llama_batch`,
 `llama_model_params`, `llama_context_params`) must match the header field for field: a wrong
@@ -240,7 +241,14 @@ def _wheel_dir() -> Path:
 
 
 def library_path() -> Path:
-    """The wheel's libllama.so (raises IkLibraryError where the wheel is not installed)."""
+    """The libllama.so specwise loads: this CPU's native build where `make native` made one
+    (`ik_native`, built from the same version's source, so these declarations hold), else the
+    wheel's (raises IkLibraryError where neither is there)."""
+    from specwise.backends import ik_native
+
+    native = ik_native.find()
+    if native is not None:
+        return native
     path = _wheel_dir() / "lib" / "libllama.so"
     if not path.is_file():
         raise IkLibraryError(f"the {WHEEL} wheel is installed but has no {path}")

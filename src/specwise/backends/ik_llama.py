@@ -1,6 +1,7 @@
-"""`IkLlamaLM`: GGUF models on ik_llama.cpp, the library the `ik-llama-cpp-python` wheel ships,
+"""`IkLlamaLM`: GGUF models on ik_llama.cpp, the library the `ik-llama-cpp-python` wheel ships
+(or this CPU's native build of the same source, `ik_native`, where `make native` made one),
 through specwise's own ctypes declarations (`ik_api`), and `probe`, which says whether that
-prebuilt library runs on this CPU.
+library runs on this CPU.
 
 It is `LlamaCppLM` with another library underneath; what differs:
 - run-time repacking of the weights (`repack_tensors`) is on, and flash attention where the
@@ -11,7 +12,7 @@ It is `LlamaCppLM` with another library underneath; what differs:
   and a forward takes token trees (`LM.trees`); after every rollback or release the used
   cells are moved together (`_close_gaps`: the library's attention misses cells above a gap).
 
-The library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
+The wheel's library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
 assertion that aborts the process) rather than raise, and a wrong kernel computes garbage
 without a sign. So before a model first runs on it on a machine, `probe` runs the forwards
 specwise makes in a child process and checks their logits, and caches the verdict by machine,
@@ -46,7 +47,8 @@ EXACT_WIDTH = 16  # exact mode's most tokens a pass: the matrix kernels change p
 
 
 def _ik():
-    """Load the wheel's library once, initialise it and route its log."""
+    """Load the library once (`ik_api.library_path`: this CPU's native build, else the
+    wheel's), initialise it and route its log."""
     global _lib
     if _lib is None:
         lib = ik_api.open_library()
@@ -57,7 +59,7 @@ def _ik():
 
 
 def available() -> bool:
-    """Whether the wheel's library is installed (not whether it runs here: see `probe`)."""
+    """Whether an ik_llama.cpp library is installed (not whether it runs here: see `probe`)."""
     try:
         ik_api.library_path()
     except ik_api.IkLibraryError:
@@ -85,6 +87,9 @@ class IkLlamaLM(LlamaCppLM):
 
     def _library(self):
         return _ik()
+
+    def _library_id(self) -> str:
+        return ik_api.library_id()
 
     def _model_params(self):
         mparams = self._lib.llama_model_default_params()
@@ -140,7 +145,7 @@ class IkLlamaLM(LlamaCppLM):
 def _probe_key(model: Path, flash_attn: bool, batched: bool, exact: bool) -> str:
     import hashlib
 
-    from specwise.costs import machine
+    from specwise.machine import machine
 
     parts = [machine(), ik_api.library_id(), f"probe {PROBE_VERSION}", file_fingerprint(model)]
     parts.append(f"fa={flash_attn}:{batched}" + (":exact" if exact else ""))

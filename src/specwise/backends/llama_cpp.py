@@ -281,7 +281,12 @@ class LlamaCppLM:
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
         self.info = BackendInfo(
-            self.backend, str(path), self.threads, file_fingerprint(path), exact=exact
+            self.backend,
+            str(path),
+            self.threads,
+            file_fingerprint(path),
+            exact=exact,
+            library=self._library_id(),
         )
         self._batch = lib.llama_batch_init(n_batch, 0, 1 + TREE_LEAVES if self.trees else 1)
         self._slots: dict[int, int] = {}  # specwise seq -> llama seq slot
@@ -295,6 +300,9 @@ class LlamaCppLM:
     # -- what differs between llama.cpp libraries ---------------------------------------------
     def _library(self):
         return _llama()
+
+    def _library_id(self) -> str:
+        return f"llama-cpp-python {self._lib.__version__}"
 
     def _model_params(self):
         """Extra weight buffers unless the build carries AMX kernels (module docstring)."""

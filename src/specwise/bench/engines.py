@@ -234,7 +234,7 @@ def headline(comparisons: list[dict]) -> list[str]:
 
 def run_engines(opts: EnginesOptions, stream=None) -> dict:
     """Start the servers, run the load, compare, write the outputs; returns the summary."""
-    from specwise.costs import machine
+    from specwise.machine import machine
     from specwise.models import resolve
 
     stream = stream or sys.stdout

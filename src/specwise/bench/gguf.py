@@ -19,6 +19,7 @@ from pathlib import Path
 from statistics import median
 
 from specwise.backend_choice import decide, measure_backends, open_backends
+from specwise.backends import ik_api, ik_native
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
@@ -58,6 +59,7 @@ def compare_backends(
         for lm in lms.values():
             lm.close()
     choice, reason = decide(curves)
+    library = str(ik_api.library_path())
     by_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
         rs = [r for r in rows if r["category"] == cat]
@@ -68,6 +70,8 @@ def compare_backends(
             "same_tokens": all(r["same_tokens"] for r in rs),
         }
     return {
+        "ik_library": library,
+        "ik_native": ik_native.find() is not None,
         "curves": {b: c.ms for b, c in curves.items()},
         "choice": choice,
         "reason": reason,
@@ -81,7 +85,10 @@ def compare_backends(
 def format_comparison(result: dict) -> list[str]:
     c = result["curves"]
     base = c["llama_cpp"][1]
+    built = "this CPU's native build" if result["ik_native"] else "the wheel's build; "
+    built += "" if result["ik_native"] else "`make native` builds one for this CPU"
     lines = [
+        f"ik_llama library: {result['ik_library']} ({built})",
         "cost of a forward of n tokens, ms (and x mainline's 1-token forward), interleaved:",
         f"{'n':>3} {'llama_cpp':>16} {'ik_llama':>16}",
     ]

