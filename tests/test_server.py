@@ -952,6 +952,48 @@ def test_a_long_prompt_waits_in_the_queue_while_one_it_would_follow_is_prefillin
     assert all(j.state == "done" for n, j in jobs.items() if n != "running"), jobs
 
 
+def test_a_long_prompt_is_overtaken_by_at_most_overtakes_later_shorter_ones():
+    """Shortest remaining first, bounded: a long prompt being prefilled when four shorter long
+    prompts arrive lets OVERTAKES of them in before it, then gets its chunks first; the other
+    two go in after it."""
+    from specwise.sampling import SamplingParams
+    from specwise.server.scheduler import OVERTAKES, Job
+
+    engine, sched, loop = toy_scheduler(max_batch=6)
+    huge = Job("huge", [1, 2, 3, 4, 5] * 12, SamplingParams(max_tokens=2), loop)
+    later = [Job(f"m{i}", [5, 4, 3] * 4, SamplingParams(max_tokens=2), loop) for i in range(4)]
+    running = Job("running", [1, 2, 3], SamplingParams(max_tokens=400), loop)
+    jobs = [huge, *later]
+    fed: list[tuple[str, bool]] = []  # each prefill call: whose, and whether its prompt is in
+    prefill = engine.prefill
+
+    def feed(req, budget=None, tenant=None):
+        name = next((j.id for j in jobs if j.req is req), "running")
+        done = prefill(req, budget, tenant)
+        fed.append((name, done))
+        if name == "huge" and len(fed) == 3:  # huge is mid-prefill
+            for job in later:
+                sched.submit(job)
+        return done
+
+    engine.prefill = feed
+    try:
+        sched.submit(running)
+        wait_until(lambda: running.state == "running")
+        sched.submit(huge)
+        wait_until(lambda: all(j.state in ("done", "failed") for j in jobs))
+    finally:
+        sched.close()
+        loop.close()
+    assert all(j.state == "done" for j in jobs), jobs
+    in_order = [name for name, done in fed if done and name != "running"]
+    assert in_order == [
+        *(j.id for j in later[:OVERTAKES]),
+        "huge",
+        *(j.id for j in later[OVERTAKES:]),
+    ], fed
+
+
 def test_a_draft_model_of_another_tokenizer_serves_greedy_as_plain(gemma_path, smollm2_path):
     """Gemma 3 checked exactly, drafted by SmolLM2 (two vocabularies): the API's greedy answer
     is plain decoding's, and the draft model drafted for it."""

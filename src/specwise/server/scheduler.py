@@ -9,7 +9,8 @@ each, one batched target forward), publish each request's new text to its asynci
 the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that left waits
 for none), admit the requests that arrived during the round, then feed the prompts, the
 shortest remaining first: short ones whole, and a long one what is left of the chunk
-(`prefill_chunk` tokens) once the loop's short prompts are in. So a long prompt delays the
+(`prefill_chunk` tokens) once the loop's short prompts are in. A long prompt that OVERTAKES
+later prompts have overtaken goes first among the long ones (no prompt waits for ever). So a long prompt delays the
 running streams by at most a chunk a round, not by its whole prefill, and a short request
 arriving behind it starts within a chunk, its prompt never split across rounds. A request joins
 the rounds once its prompt is in. In exact mode prompts go in whole, as plain one-request
@@ -47,6 +48,7 @@ SAVE_EVERY_S = 300.0  # default seconds between saves of the controller's learni
 PREFILL_CHUNK = 16  # default tokens of a long prompt fed between two rounds (BENCHMARKS §8)
 WHOLE_PROMPT = 64  # default: prompts of at most this many tokens go in whole (BENCHMARKS §8)
 RECENT = 64  # finished jobs kept for the inspector's list
+OVERTAKES = 2  # later, shorter long prompts a long prompt lets in before it; then it goes first
 
 
 class QueueFull(Exception):
@@ -78,6 +80,7 @@ class Job:
     label: str = ""  # the prompt's start, for the inspector's lists
     watched: bool = False  # an inspector session whose events stream is open
     result: GenerationResult | None = None  # once done
+    overtaken: int = 0  # long prompts that arrived after it and were in before it (OVERTAKES)
 
     @property
     def held(self) -> bool:
@@ -220,7 +223,8 @@ class Scheduler:
         slots are free, except that a long prompt waits while a long prompt with no more tokens
         left than it has is prefilling: prompts are fed the shortest remaining first, so it
         would be fed only after that one, and meanwhile it would hold a slot that a short
-        request behind it in the queue can use."""
+        request behind it in the queue can use; unless OVERTAKES later prompts have been let
+        in before it already."""
         busy = len(self._running) + len(self._prefilling)
         ahead = [_left(j) for j in self._prefilling if not j.held and not self._short(_left(j))]
         admit: list[Job] = []
@@ -229,7 +233,7 @@ class Scheduler:
                 break
             n = len(job.prompt)
             if not self._short(n):
-                if any(r <= n for r in ahead):
+                if any(r <= n for r in ahead) and job.overtaken < OVERTAKES:
                     continue
                 ahead.append(n)
             admit.append(job)
@@ -292,10 +296,16 @@ class Scheduler:
 
     def _prefill(self, budget: float) -> float:
         """Feed prefilling requests, the shortest remaining first: a short prompt goes in
-        whole, a long one gets what is left of `budget` prompt tokens after the short ones.
-        A request whose prompt is in starts running. Returns the tokens fed."""
+        whole, a long one gets what is left of `budget` prompt tokens after the short ones; a
+        long one that OVERTAKES later prompts have overtaken already goes before the other
+        long ones (else a stream of shorter prompts could keep it waiting for ever). A request
+        whose prompt is in starts running. Returns the tokens fed."""
         fed = 0
-        for job in sorted(self._prefilling, key=_left):
+        order = sorted(
+            self._prefilling,
+            key=lambda j: (not self._short(_left(j)), j.overtaken < OVERTAKES, _left(j)),
+        )
+        for job in order:
             if job.held:
                 continue
             n = _left(job)
@@ -314,12 +324,24 @@ class Scheduler:
                 continue
             fed += n
             if done:
+                self._overtook(job)
                 self._prefilling.remove(job)
                 self._running.append(job)
                 job.state = "running"
                 job.grants = max(0, job.grants - 1)  # round 0 came with the prefill
                 self._publish(job)  # the first token came with the prefill
         return fed
+
+    def _overtook(self, job: Job) -> None:
+        """`job`'s prompt is in: if it is long, each long prompt that arrived before it and
+        still waits (queued or prefilling) was overtaken once more."""
+        if self._short(len(job.prompt)):
+            return
+        with self._cond:
+            waiting = [*self._prefilling, *self._pending]
+        for other in waiting:
+            if other.arrival < job.arrival and not self._short(len(other.prompt)):
+                other.overtaken += 1
 
     def _round(self) -> None:
         batch = [j for j in self._running if not j.held]
