@@ -206,10 +206,12 @@ def test_a_soak_passes_only_when_every_check_does():
     assert "greedy answers as alone, or parted at near-ties" not in checks  # not asked
     result["samples"][-1] = health(100, 106, sequences=1)
     result["errors"]["HTTP 500"] = 1
+    result["errors"]["ReadTimeout"] = 2  # requests of the load never answered
     result["faults"].append({"fault": "slow_client", "status": None, "ok": False, "detail": "hung"})
     failed = {c["check"] for c in soak_checks(result) if not c["ok"]}
     assert failed == {
         "no 5xx",
+        "every request of the load answered (429s aside: the queue was full)",
         "every fault taken as required",
         "nothing left running or holding cache",
         "resident memory grows < 5% after the first quarter",

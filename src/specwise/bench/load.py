@@ -831,6 +831,13 @@ def soak_checks(result: dict) -> list[dict]:
         f"{sum(five.values())} requests and {len(five_faults)} faults answered 5xx",
         not five and not five_faults,
     )
+    lost = {e: n for e, n in result["errors"].items() if e != "HTTP 429" and e not in five}
+    check(
+        "every request of the load answered (429s aside: the queue was full)",
+        f"{sum(lost.values())} not answered"
+        + (f" ({', '.join(f'{n} {e}' for e, n in lost.items())})" if lost else ""),
+        not lost,
+    )
     if result["faults"]:
         bad = [f"{f['fault']}: {f['detail']}" for f in result["faults"] if not f["ok"]]
         check(
