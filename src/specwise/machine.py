@@ -29,10 +29,11 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
-def cpu_key() -> str:
+def cpu_key(fields: dict[str, str] | None = None) -> str:
     """This CPU's architecture, then its vendor, family, model, name and instruction-set flags
-    hashed: a native build's folder name."""
-    fields = _cpuinfo()
+    hashed (from `fields`, the cpuinfo block, read here if not given): a native build's folder
+    name."""
+    fields = _cpuinfo() if fields is None else fields
     keep = ("vendor_id", "cpu family", "model", "model name", "flags")
     text = "|".join(fields.get(k, "") for k in keep) or platform.processor()
     return f"{platform.machine()}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
@@ -41,8 +42,9 @@ def cpu_key() -> str:
 def machine() -> str:
     """The CPU's model name, `cpu_key()` and the core count: part of every cached measurement's
     key, so a measurement is never reused on another CPU."""
-    name = _cpuinfo().get("model name") or platform.processor() or platform.machine()
-    return f"{name}|{cpu_key()}|{os.cpu_count()}"
+    fields = _cpuinfo()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    return f"{name}|{cpu_key(fields)}|{os.cpu_count()}"
 
 
 def native_flags() -> str:

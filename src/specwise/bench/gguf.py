@@ -85,8 +85,11 @@ def compare_backends(
 def format_comparison(result: dict) -> list[str]:
     c = result["curves"]
     base = c["llama_cpp"][1]
-    built = "this CPU's native build" if result["ik_native"] else "the wheel's build; "
-    built += "" if result["ik_native"] else "`make native` builds one for this CPU"
+    built = (
+        "this CPU's native build"
+        if result["ik_native"]
+        else "the wheel's build; `make native` builds one for this CPU"
+    )
     lines = [
         f"ik_llama library: {result['ik_library']} ({built})",
         "cost of a forward of n tokens, ms (and x mainline's 1-token forward), interleaved:",

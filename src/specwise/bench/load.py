@@ -686,8 +686,8 @@ def run_soak(
     latency of the load's last RECENT requests (at least `faults.REQUEST_S`), since it queues
     behind them; so the first fault waits until as many answers as workers have come (the
     first answers of a server with fewer slots than workers never queued, and a patience
-    scaled from them alone timed the first faults out). alone: once the soak is over, run each of the first
-    ALONE_PROMPTS prompts alone (the server idle) and compare the soak's greedy answers to
+    scaled from them alone timed the first faults out). alone: once the soak is over, run
+    each of the first ALONE_PROMPTS prompts alone (the server idle) and compare the soak's greedy answers to
     them with it (`alone_check`, `near_ties`; answers carry their log-probabilities).
     Returns the soak's result: the samples, the faults' outcomes, and `checks`, each criterion
     with what was measured and whether it passed: no 5xx, every fault taken as required,
@@ -739,7 +739,7 @@ def run_soak(
     def inject() -> None:
         rng = random.Random(opts.seed)
         n = 1
-        while len(recent) < workers and not counts["failed"] and not done.wait(0.5):
+        while counts["answered"] < workers and not counts["failed"] and not done.wait(0.5):
             pass  # no fault before an answer that queued (see the docstring)
         while not done.wait(max(0.0, t0 + n * fault_every - time.perf_counter())):
             with lock:  # a fault's request waits in the same queue as the load's requests

@@ -9,12 +9,13 @@ each, one batched target forward), publish each request's new text to its asynci
 the requests cancelled meanwhile (a chunk may take seconds on a CPU; a client that left waits
 for none), admit the requests that arrived during the round, then feed the prompts, the
 shortest remaining first: short ones whole, and a long one what is left of the chunk
-(`prefill_chunk` tokens) once the loop's short prompts are in. A long prompt that OVERTAKES
-later prompts have overtaken goes first among the long ones (no prompt waits for ever). So a long prompt delays the
-running streams by at most a chunk a round, not by its whole prefill, and a short request
-arriving behind it starts within a chunk, its prompt never split across rounds. A request joins
-the rounds once its prompt is in. In exact mode prompts go in whole, as plain one-request
-decoding feeds them (a chunk's kernels could round the cache differently). If a batched round
+(`prefill_chunk` tokens) once the loop's short prompts are in; a long prompt that OVERTAKES
+later prompts have overtaken goes first among the long ones (no prompt waits for ever). So a
+long prompt delays the running streams by at most a chunk a round, not by its whole prefill,
+and a short request arriving behind it starts within a chunk, its prompt never split across
+rounds. A request joins the rounds once its prompt is in. In exact mode prompts go in whole,
+as plain one-request decoding feeds them (a chunk's kernels could round the cache
+differently). If a batched round
 fails, each request is retried alone, so only the request that fails alone is failed (a round
 that raises leaves every request as it was: `Engine.step`). A paused job (the inspector's step
 mode) holds its place and caches but runs only the rounds it is granted (`grant`), each with
