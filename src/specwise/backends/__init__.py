@@ -35,6 +35,7 @@ def load_pair(
     threads: int | None = None,
     max_sequences: int = 4,
     exact: bool = False,
+    hidden: bool = False,
 ) -> tuple[LM, LM | None]:
     """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
     on torch, a GGUF file on the backend measured best for the target on this machine (the
@@ -42,7 +43,8 @@ def load_pair(
     it: the target keeps the cheap verification). max_sequences: sequences one llama.cpp context
     serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
     ik_llama once its probe found it exact on this machine, else on mainline llama.cpp a
-    forward a token (`_exact_gguf`)."""
+    forward a token (`_exact_gguf`). hidden: the target keeps its hidden states (`LM.hidden`,
+    for the heads drafter)."""
     if backend is not None and backend not in (*BACKENDS, "auto"):
         raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
     paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
@@ -76,7 +78,7 @@ def load_pair(
     if exact and kinds[0] != "torch":
         kinds[0] = _exact_gguf(paths[0], backend, max_sequences)
     lms = [
-        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0)
+        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0, hidden=hidden and i == 0)
         for i, (p, k) in enumerate(zip(paths, kinds, strict=True))
     ]
     return lms[0], (lms[1] if draft else None)
@@ -110,9 +112,10 @@ def load(
     threads: int | None = None,
     max_sequences: int = 4,
     exact: bool = False,
+    hidden: bool = False,
 ) -> LM:
     """An LM for `model` (a path or a catalog name), as `load_pair` loads a target."""
-    return load_pair(model, None, backend, threads, max_sequences, exact)[0]
+    return load_pair(model, None, backend, threads, max_sequences, exact, hidden)[0]
 
 
 def _open(
@@ -122,11 +125,12 @@ def _open(
     max_sequences: int,
     flash: dict[Path, bool],
     exact: bool = False,
+    hidden: bool = False,
 ) -> LM:
     if backend == "torch":
         from specwise.backends.torch_hf import TorchLM
 
-        return TorchLM(path, exact=exact)
+        return TorchLM(path, exact=exact, hidden=hidden)
     if backend == "ik_llama":
         from specwise.backends.ik_llama import IkLlamaLM
 
@@ -136,7 +140,10 @@ def _open(
             max_sequences=max_sequences,
             flash_attn=flash.get(path, False),
             exact=exact,
+            hidden=hidden,
         )
     from specwise.backends.llama_cpp import LlamaCppLM
 
-    return LlamaCppLM(path, threads=threads, max_sequences=max_sequences, exact=exact)
+    return LlamaCppLM(
+        path, threads=threads, max_sequences=max_sequences, exact=exact, hidden=hidden
+    )

@@ -9,8 +9,13 @@ Token trees (an LM whose `trees` is True): `forward` may feed an entry's tokens 
 cache; a parent comes before its children). Each token then sees the cache and its own
 ancestors only, at position cache length + its depth, so its logits are those of its path fed
 as a chain, all in one call. Until `keep(seq, path)` chooses the path that stays (or `truncate`
-drops the tree), the sequence holds the whole tree and takes no other forward. This module
-holds no model code.
+drops the tree), the sequence holds the whole tree and takes no other forward.
+
+Hidden states (an LM whose `hidden_size` is not 0, built to give them): every forward also
+keeps the final hidden state (the output layer's input) of each row it returns logits for, and
+`hidden(seq)` gives the one at the sequence's last cached position, the state from which the
+target predicted the token after it: after a round's rollback, the state that predicted the
+round's last emitted token. This module holds no model code.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ __all__ = [
     "check_tree",
     "check_truncate",
     "file_fingerprint",
+    "hidden_at",
     "new_sequence",
     "one_pass_each",
     "refuse_trees",
@@ -93,6 +99,7 @@ class LM(Protocol):
     info: BackendInfo
     exact: bool  # a row's logits do not depend on the call's shape or other sequences, bit for bit
     trees: bool  # forward takes token trees (module docstring)
+    hidden_size: int  # width of a hidden state; 0: this LM gives none (module docstring)
 
     def forward(
         self,
@@ -120,10 +127,24 @@ class LM(Protocol):
         tokens each) for every pass of the model it makes, for pricing a call before making it."""
         ...
 
+    def hidden(self, seq: int) -> np.ndarray | None:
+        """The final hidden state [hidden_size] at seq's last cached position, where the
+        latest forward that fed seq returned that position's logits; else None."""
+        ...
+
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
     def in_use(self) -> int: ...  # sequences holding cache now (0 once all are released)
+
+
+def hidden_at(kept: tuple[int, np.ndarray] | None, length: int) -> np.ndarray | None:
+    """`LM.hidden` from what a backend kept of a sequence's latest forward, (position of the
+    first row, rows [n, hidden_size]), and the sequence's length now."""
+    if kept is None:
+        return None
+    i = length - 1 - kept[0]
+    return kept[1][i] if 0 <= i < len(kept[1]) else None
 
 
 def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:

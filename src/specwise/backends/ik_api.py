@@ -32,12 +32,14 @@ from types import SimpleNamespace
 __all__ = [
     "STRUCTS",
     "IkLibraryError",
+    "eval_callback",
     "header_path",
     "library_id",
     "library_path",
     "llama_batch",
     "llama_context_params",
     "llama_model_params",
+    "open_ggml",
     "open_library",
 ]
 
@@ -182,6 +184,8 @@ class llama_context_params(ctypes.Structure):
 STRUCTS = (llama_batch, llama_model_params, llama_context_params)
 
 log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+# ggml_backend_sched_eval_callback: (struct ggml_tensor *, ask, user data) -> go on / want it
+eval_callback = ctypes.CFUNCTYPE(c_bool, c_void_p, c_bool, c_void_p)
 
 _p = c_void_p  # opaque pointers: llama_model *, llama_context *, llama_vocab *
 _PROTOTYPES: dict[str, tuple[object, list]] = {
@@ -195,6 +199,7 @@ _PROTOTYPES: dict[str, tuple[object, list]] = {
     "llama_init_from_model": (_p, [_p, llama_context_params]),
     "llama_free": (None, [_p]),
     "llama_n_ctx_train": (c_int32, [_p]),
+    "llama_model_n_embd": (c_int32, [_p]),
     "llama_model_get_vocab": (_p, [_p]),
     "llama_model_chat_template": (c_char_p, [_p, c_char_p]),
     "llama_vocab_n_tokens": (c_int32, [_p]),
@@ -302,6 +307,27 @@ def open_library(path: Path | None = None) -> SimpleNamespace:
     _check_defaults(lib)
     lib.system_info = lib.llama_print_system_info().decode("utf-8", "replace")
     return lib
+
+
+_GGML_PROTOTYPES: dict[str, tuple[object, list]] = {
+    "ggml_get_name": (c_char_p, [c_void_p]),
+    "ggml_nbytes": (ctypes.c_size_t, [c_void_p]),
+    "ggml_backend_tensor_get": (None, [c_void_p, c_void_p, ctypes.c_size_t, ctypes.c_size_t]),
+}
+
+
+def open_ggml(lib: SimpleNamespace) -> SimpleNamespace:
+    """The ggml functions that read a tensor in an eval callback, from the libggml.so beside
+    `lib`'s libllama.so (already loaded by it)."""
+    path = Path(lib.path).parent / "libggml.so"
+    try:
+        cdll = ctypes.CDLL(str(path))
+        fns = {name: getattr(cdll, name) for name in _GGML_PROTOTYPES}
+    except (OSError, AttributeError) as exc:
+        raise IkLibraryError(f"cannot read tensors through {path}: {exc}") from None
+    for name, (restype, argtypes) in _GGML_PROTOTYPES.items():
+        fns[name].restype, fns[name].argtypes = restype, argtypes
+    return SimpleNamespace(**fns)
 
 
 def _check_defaults(lib: SimpleNamespace) -> None:

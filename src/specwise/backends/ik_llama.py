@@ -10,7 +10,9 @@ It is `LlamaCppLM` with another library underneath; what differs:
 - the KV cache is one pool of cells that every sequence shares, so a call of any shape runs as
   one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction),
   and a forward takes token trees (`LM.trees`); after every rollback or release the used
-  cells are moved together (`_close_gaps`: the library's attention misses cells above a gap).
+  cells are moved together (`_close_gaps`: the library's attention misses cells above a gap);
+- a context that computes embeddings returns no logits here, so hidden states (`hidden=True`)
+  are copied out of the graph as it runs (`_HiddenTap`).
 
 The wheel's library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
 assertion that aborts the process) rather than raise, and a wrong kernel computes garbage
@@ -22,12 +24,15 @@ library, model and setting. This module decides no backend; `specwise.backends.l
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from specwise.backends import ik_api
 from specwise.backends.base import file_fingerprint, one_pass_each
@@ -100,6 +105,21 @@ class IkLlamaLM(LlamaCppLM):
     def _context_params(self, cparams) -> None:
         cparams.flash_attn = self.flash_attn
 
+    def _want_hidden(self, cparams) -> None:
+        self._tap = _HiddenTap(
+            ik_api.open_ggml(self._lib), self._lib.llama_model_n_embd(self._model)
+        )
+        cparams.cb_eval = ctypes.cast(self._tap.callback, ctypes.c_void_p).value
+
+    def _hidden_rows(self, ctx, n: int) -> np.ndarray:
+        rows = self._tap.take()
+        if rows.shape[0] != n:
+            raise RuntimeError(
+                f"ik_llama computed hidden states for {rows.shape[0]} rows of a call that asked "
+                f"for {n}"
+            )
+        return rows
+
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         return self._lib.llama_kv_cache_seq_rm(*self._cell(slot), p0, p1)
 
@@ -140,6 +160,44 @@ class IkLlamaLM(LlamaCppLM):
         return [
             (1, min(self._n_ubatch, total - start)) for start in range(0, total, self._n_ubatch)
         ]
+
+
+class _HiddenTap:
+    """Copies the final hidden state (the tensor `result_norm`: the output layer's input, one
+    row per output) out of each graph the library computes, through its scheduler's eval
+    callback, which is asked about every node (~700 a forward of a 1.5B model: well under a
+    millisecond) and computes the graph up to the node wanted first. A callback must not
+    raise into C; an error is kept and raised by `take`."""
+
+    def __init__(self, ggml, width: int) -> None:
+        self._ggml, self.width = ggml, width
+        self._rows: list[np.ndarray] = []
+        self._error: str | None = None
+        self.callback = ik_api.eval_callback(self._on_tensor)
+
+    def _on_tensor(self, tensor, ask: bool, _user) -> bool:
+        try:
+            if ask:
+                return self._ggml.ggml_get_name(tensor) == b"result_norm"
+            size = self._ggml.ggml_nbytes(tensor)
+            if size % (4 * self.width):
+                raise ValueError(f"result_norm holds {size} bytes, not rows of {self.width} floats")
+            rows = np.empty((size // (4 * self.width), self.width), dtype=np.float32)
+            self._ggml.ggml_backend_tensor_get(tensor, rows.ctypes.data, 0, size)
+            self._rows.append(rows)
+        except Exception as exc:  # reported by take()
+            self._error = self._error or f"{type(exc).__name__}: {exc}"
+        return True  # False would stop the graph
+
+    def take(self) -> np.ndarray:
+        """The rows captured since the last take, in order."""
+        rows, self._rows = self._rows, []
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"reading ik_llama's hidden states failed: {error}")
+        if not rows:
+            return np.empty((0, self.width), dtype=np.float32)
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
 
 def _probe_key(model: Path, flash_attn: bool, batched: bool, exact: bool) -> str:
@@ -221,8 +279,6 @@ def _verdict(returncode: int, stdout: str, stderr: str, model: str = "the model"
 
 def _agree(many, one) -> float:
     """The lowest correlation between matching logits rows of two [n, V] arrays."""
-    import numpy as np
-
     return min(float(np.corrcoef(a, b)[0, 1]) for a, b in zip(many, one, strict=True))
 
 
@@ -238,8 +294,6 @@ def _probe_main(argv: Sequence[str]) -> int:
     - exact (`--exact`, in exact mode): every one of those rows must agree bit for bit (a
       forward of 40 tokens runs in passes of EXACT_WIDTH there).
     Exit code 3 and one line on stderr where logits disagree."""
-    import numpy as np
-
     path, flash_attn, batched = argv[0], "--no-flash-attn" not in argv, "--batched" in argv
     exact = "--exact" in argv
     lm = IkLlamaLM(

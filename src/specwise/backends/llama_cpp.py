@@ -64,6 +64,7 @@ from specwise.backends.base import (
     check_tree,
     check_truncate,
     file_fingerprint,
+    hidden_at,
     one_pass_each,
     refuse_trees,
 )
@@ -213,11 +214,14 @@ class LlamaTokenizer:
 
 
 class LlamaCppLM:
-    """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4).
+    """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4, hidden=False).
 
-    The library-specific steps (which library, model and context parameters, how cache cells
-    are removed and copied, how a call runs as passes) are the methods a subclass for another
-    llama.cpp library overrides; the rest (slots, batches, logits rows, rollback) is shared."""
+    hidden=True: every forward also returns the final hidden state of the rows it computes
+    logits for (`LM.hidden`), at no extra forward; off by default, since it costs a copy per
+    call. The library-specific steps (which library, model and context parameters, how cache
+    cells are removed and copied, how a call runs as passes, how hidden states are read) are
+    the methods a subclass for another llama.cpp library overrides; the rest (slots, batches,
+    logits rows, rollback) is shared."""
 
     backend = "llama_cpp"
     exact_width = 1  # most tokens of a sequence per pass in exact mode (module docstring)
@@ -232,6 +236,7 @@ class LlamaCppLM:
         n_batch: int = 512,
         extra_buffers: bool | None = None,
         exact: bool = False,
+        hidden: bool = False,
     ) -> None:
         path = Path(path)
         _check_gguf(path)
@@ -263,6 +268,8 @@ class LlamaCppLM:
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         self._context_params(cparams)
+        if hidden:
+            self._want_hidden(cparams)
         self._ctxs: list = []
         for _ in range(max_sequences // shared):
             ctx = lib.llama_init_from_model(self._model, cparams)
@@ -280,6 +287,8 @@ class LlamaCppLM:
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
+        self.hidden_size = lib.llama_model_n_embd(self._model) if hidden else 0
+        self._hidden: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (first position, rows)
         self.info = BackendInfo(
             self.backend,
             str(path),
@@ -319,6 +328,17 @@ class LlamaCppLM:
     def _takes_trees(self) -> bool:
         """Whether `forward` takes token trees (module docstring)."""
         return False
+
+    def _want_hidden(self, cparams) -> None:
+        """Make the contexts output hidden states: mainline's contexts that compute embeddings
+        without pooling return the output layer's input beside the logits, in the same order."""
+        cparams.embeddings = True
+        cparams.pooling_type = self._lib.LLAMA_POOLING_TYPE_NONE
+
+    def _hidden_rows(self, ctx, n: int) -> np.ndarray:
+        """The hidden states [n, hidden_size] of the last decode's n output rows."""
+        ptr = self._lib.llama_get_embeddings(ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.hidden_size)).copy()
 
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         ctx, s = self._cell(slot)
@@ -399,6 +419,7 @@ class LlamaCppLM:
             raise
         order = sorted(range(len(plan)), key=lambda e: plan[e][0])  # by slot: see `passes`
         blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
+        hblocks: list[list[np.ndarray]] = [[] for _ in plan]  # and of hidden states (hidden=True)
         outputs: list[int] = []  # entry of each logits row of the pending call
         fill = 0
         ctx = None  # the context of the pending call
@@ -415,6 +436,7 @@ class LlamaCppLM:
                 ptr = lib.llama_get_logits(ctx)
                 # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
                 got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
+                states = self._hidden_rows(ctx, len(outputs)) if self.hidden_size else None
                 self.copy_ms += (time.perf_counter() - t) * 1000.0
                 j = 0
                 while j < len(outputs):  # rows of one entry are consecutive
@@ -422,6 +444,8 @@ class LlamaCppLM:
                     while k < len(outputs) and outputs[k] == e:
                         k += 1
                     blocks[e].append(got[j:k])
+                    if states is not None:
+                        hblocks[e].append(states[j:k])
                     j = k
             outputs.clear()
             fill = 0
@@ -461,13 +485,23 @@ class LlamaCppLM:
                 self._uproot(t)
             for seq, _ in batch:  # a failed call may leave cells behind: drop them
                 self._seq_rm(self._slots[seq], self._lengths.get(seq, 0), -1)
+                self._hidden.pop(seq, None)
             self._gaps = True
             raise
         for e, (seq, tokens) in enumerate(batch):
-            self._lengths[seq] = self._lengths.get(seq, 0) + len(tokens)
+            start = self._lengths.get(seq, 0)
+            self._lengths[seq] = start + len(tokens)
             if e in planted:
                 self._trees[seq] = planted[e]
+            if self.hidden_size:  # the rows' first position: the last token's, with last_only
+                states = np.concatenate(hblocks[e])
+                self._hidden[seq] = (start + len(tokens) - 1 if last_only else start, states)
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
+
+    def hidden(self, seq: int) -> np.ndarray | None:
+        if seq in self._trees:
+            return None
+        return hidden_at(self._hidden.get(seq), self._lengths.get(seq, 0))
 
     def _uproot(self, tree: _Tree) -> None:
         """Remove the leaves' ids from the cache (cells left with no id are free again)."""
@@ -490,6 +524,9 @@ class LlamaCppLM:
             )
         self._uproot(tree)
         self._lengths[seq] = tree.base + len(path)
+        rec = self._hidden.get(seq)
+        if rec is not None:  # the kept path's rows, in its positions
+            self._hidden[seq] = (tree.base, rec[1][list(path)])
         self._gaps = self._gaps or len(self._slots) > 1 or list(path) != list(range(len(path)))
 
     def _close_gaps(self) -> None:
@@ -528,6 +565,7 @@ class LlamaCppLM:
             self._uproot(tree)
         slot = self._slots.pop(seq, None)
         self._lengths.pop(seq, None)
+        self._hidden.pop(seq, None)
         if slot is not None:
             self._seq_rm(slot, -1, -1)
             heapq.heappush(self._free, slot)

@@ -28,6 +28,7 @@ from specwise.backends.base import (
     check_truncate,
     eos_ids,
     file_fingerprint,
+    hidden_at,
     one_pass_each,
     refuse_trees,
 )
@@ -100,8 +101,8 @@ def _load(path: Path) -> tuple[Any, Any]:
 
 
 class TorchLM:
-    """TorchLM(model_or_path, tokenizer=None, exact=False): a transformers causal LM with
-    per-sequence caches."""
+    """TorchLM(model_or_path, tokenizer=None, exact=False, hidden=False): a transformers causal
+    LM with per-sequence caches; hidden=True keeps the final hidden states (`LM.hidden`)."""
 
     def __init__(
         self,
@@ -110,6 +111,7 @@ class TorchLM:
         *,
         context_length: int | None = None,
         exact: bool = False,
+        hidden: bool = False,
     ) -> None:
         self.exact = exact
         self.trees = False
@@ -137,6 +139,8 @@ class TorchLM:
         self.info = BackendInfo("torch", source, torch.get_num_threads(), fingerprint, exact=exact)
         self._caches: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
+        self.hidden_size = int(cfg.hidden_size) if hidden else 0
+        self._hidden: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (first position, rows)
         # transformers >= 5.24 calls the cache argument `cache`; older versions `past_key_values`
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -176,16 +180,21 @@ class TorchLM:
                 if cache is None:
                     cache = self._caches[seq] = DynamicCache(config=self.model.config)
                 pieces = [[t] for t in tokens] if self.exact and not last_only else [tokens]
-                rows = []
+                rows, states = [], []
                 for piece in pieces:
                     res = self.model(
                         input_ids=torch.tensor([list(piece)], dtype=torch.long),
                         use_cache=True,
                         logits_to_keep=1 if last_only else 0,
+                        output_hidden_states=bool(self.hidden_size),
                         **{self._cache_kw: cache},  # the cache is updated in place
                     )
                     self._lengths[seq] = self._lengths.get(seq, 0) + len(piece)
                     rows.append(res.logits[0].float().numpy())  # [len(piece) or 1, V]
+                    if self.hidden_size:  # the last entry is the output norm's: [len(piece), d]
+                        states.append(res.hidden_states[-1][0].float().numpy())
+                if self.hidden_size:
+                    self._hidden[seq] = (have, np.concatenate(states))
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
 
@@ -213,9 +222,13 @@ class TorchLM:
         self._caches[seq].crop(-(have - n))
         self._lengths[seq] = n
 
+    def hidden(self, seq: int) -> np.ndarray | None:
+        return hidden_at(self._hidden.get(seq), self._lengths.get(seq, 0))
+
     def release(self, seq: int) -> None:
         self._caches.pop(seq, None)
         self._lengths.pop(seq, None)
+        self._hidden.pop(seq, None)
 
     def in_use(self) -> int:
         return len(self._caches)

@@ -1,0 +1,86 @@
+"""Hidden states (`LM.hidden`): on every backend the state each row's logits came from, kept as
+the cache rolls back, off unless asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specwise.backends.torch_hf import TorchLM
+from toy import tiny_llama
+
+
+def _output_rows(path: Path) -> np.ndarray:
+    """The GGUF file's output layer [V, d], dequantized (tied models: the token embedding)."""
+    import gguf
+
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    t = tensors.get("output.weight") or tensors["token_embd.weight"]
+    return gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, int(t.shape[0]))
+
+
+def _agree(hidden: np.ndarray, logits: np.ndarray, out: np.ndarray) -> float:
+    return float(np.corrcoef(hidden @ out.T, logits)[0, 1])
+
+
+def test_gguf_hidden_states_are_the_output_layers_input(gguf_cls, gguf_path):
+    """Each row's hidden state, through the model's own output layer, gives that row's logits
+    (correlation: the library multiplies quantized activations); `hidden` follows the cache."""
+    lm = gguf_cls(gguf_path, context_length=256, max_sequences=2, hidden=True)
+    out = _output_rows(gguf_path)
+    assert lm.hidden_size == out.shape[1]
+    prompt = [10 + (7 * i) % 200 for i in range(40)]
+    last = lm.forward([(0, prompt)], last_only=True)[0][-1]
+    assert _agree(lm.hidden(0), last, out) > 0.99
+    rows = lm.forward([(0, prompt[:5])])[0]  # positions 40..44
+    states = []
+    for n in range(45, 40, -1):  # each row's state, as rollback reaches it
+        lm.truncate(0, n)
+        states.append(lm.hidden(0))
+    for h, row in zip(states[::-1], rows, strict=True):
+        assert _agree(h, row, out) > 0.99
+    lm.truncate(0, 39)  # a position the latest forward did not compute
+    assert lm.hidden(0) is None
+    if lm.max_sequences > 1:  # rows of two sequences in one call stay apart
+        got = lm.forward([(0, [5]), (1, prompt[:3])])
+        assert _agree(lm.hidden(0), got[0][-1], out) > 0.99
+        assert _agree(lm.hidden(1), got[1][-1], out) > 0.99
+    lm.release(0)
+    assert lm.hidden(0) is None
+
+
+def test_gguf_hidden_states_are_off_unless_asked(gguf_cls, gguf_path):
+    lm = gguf_cls(gguf_path, context_length=128, max_sequences=1)
+    lm.forward([(0, [1, 2, 3])])
+    assert lm.hidden_size == 0 and lm.hidden(0) is None
+
+
+def test_a_kept_tree_path_keeps_its_rows_hidden_states(gemma_path):
+    from specwise.backends import ik_llama
+
+    if not ik_llama.available():
+        pytest.skip(ik_llama.UNAVAILABLE)
+    lm = ik_llama.IkLlamaLM(gemma_path, context_length=256, max_sequences=1, hidden=True)
+    prompt = [10 + (7 * i) % 200 for i in range(30)]
+    lm.forward([(0, prompt)], last_only=True)
+    tree = [5, 6, 7, 8]  # 5 -> 6 -> 7 and 5 -> 8
+    lm.forward([(0, tree)], trees=[[-1, 0, 1, 0]])
+    assert lm.hidden(0) is None  # until a path is kept
+    lm.keep(0, [0, 3])
+    kept = lm.hidden(0)
+    lm.truncate(0, 30)
+    lm.forward([(0, [5, 8])])
+    assert np.corrcoef(kept, lm.hidden(0))[0, 1] > 0.999
+
+
+def test_torch_hidden_states_are_the_final_norms_output():
+    model = tiny_llama(vocab=16, seed=0)
+    lm = TorchLM(model, hidden=True)
+    logits = lm.forward([(0, [1, 2, 3, 4])])[0]
+    lm.truncate(0, 3)
+    h = lm.hidden(0)  # position 2's state
+    w = model.lm_head.weight.detach().numpy()
+    np.testing.assert_allclose(h @ w.T, logits[2], atol=1e-4)
+    assert TorchLM(model).hidden_size == 0
