@@ -74,7 +74,9 @@ class ToyTokenizer:
 
 class ToyLM:
     """A real LM (the protocol, with caches and rollback) whose next-token logits are a fixed
-    random function of the last two tokens: fast enough for thousands of seeded runs."""
+    random function of the last two tokens: fast enough for thousands of seeded runs. With
+    hidden=True its hidden state at a position is the one-hot code of those two tokens
+    (hidden_size vocab**2), all that its next logits depend on."""
 
     def __init__(
         self,
@@ -84,8 +86,10 @@ class ToyLM:
         context_length: int = 256,
         eos: Sequence[int] = (),
         delay_ms: tuple[float, float] = (0.0, 0.0),
+        hidden: bool = False,
     ) -> None:
         rng = np.random.default_rng(seed)
+        self.hidden_size = vocab * vocab if hidden else 0
         self.delay_ms = delay_ms  # (per call, per token): makes costs realistic for timing tests
         self.table = (rng.standard_normal((vocab, vocab, vocab)) * scale).astype(np.float32)
         self.vocab_size = vocab
@@ -129,6 +133,15 @@ class ToyLM:
                 logits.append(self.next_logits(cache))
             out.append(np.stack(logits[-1:] if last_only else logits))
         return out if rows is None else [x[:n] for x, n in zip(out, rows, strict=True)]
+
+    def hidden(self, seq):
+        cache = self.caches.get(seq, [])
+        if not self.hidden_size or not cache or seq in self.pending:
+            return None
+        a = cache[-2] if len(cache) > 1 else 0
+        out = np.zeros(self.hidden_size, dtype=np.float32)
+        out[a * self.vocab_size + cache[-1]] = 1.0
+        return out
 
     def keep(self, seq, path):
         base, tokens, parents = self.pending.pop(seq)
@@ -245,6 +258,13 @@ class _Scripted:
         value, p = options[i]
         self.prob *= p
         return value
+
+    def state(self) -> int:  # the engine keeps it to rewind a failed round
+        return len(self.taken)
+
+    def set_state(self, state: int) -> None:
+        if state != len(self.taken):
+            raise RuntimeError("a scripted sampler cannot rewind choices it made")
 
     def bernoulli(self, prob: float) -> bool:
         prob = min(max(float(prob), 0.0), 1.0)

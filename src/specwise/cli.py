@@ -149,9 +149,12 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     return names
 
 
-def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 1):
+def _load_models(
+    a: argparse.Namespace, need_draft: bool, max_sequences: int = 1, hidden: bool = False
+):
     """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair).
-    max_sequences: sequences decoded at once (1 for a command that runs one request at a time)."""
+    max_sequences: sequences decoded at once (1 for a command that runs one request at a time);
+    hidden: the target keeps its hidden states (for the heads drafter)."""
     from specwise.backends import load_pair
     from specwise.models import DEFAULT_PAIR
 
@@ -161,21 +164,41 @@ def _load_models(a: argparse.Namespace, need_draft: bool, max_sequences: int = 1
     if not a.target:
         raise UsageError("--target is required (a catalog name, a .gguf file or a HF folder)")
     draft = a.draft if need_draft else None
-    return load_pair(a.target, draft, a.backend, a.threads, max_sequences, exact=a.exact)
+    return load_pair(
+        a.target, draft, a.backend, a.threads, max_sequences, exact=a.exact, hidden=hidden
+    )
 
 
 def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]:
     """The options of each named drafter but the model drafter (whose LM comes with the models),
-    from --suffix-scope/-budget/-branches; checked now, before any model loads, by building
-    each drafter once."""
+    from --suffix-scope/-budget/-branches, and the heads trained for the target; checked now,
+    before any model loads, by building each drafter once."""
     from specwise.drafters import make_drafter
 
     suffix = {"scope": a.suffix_scope, "budget_mib": a.suffix_budget}
     given = {"suffix": {**suffix, "branches": a.suffix_branches}, "suffix-chain": suffix}
+    if "heads" in names:
+        given["heads"] = {"heads": _trained_heads(a)}
     options = {n: given.get(n, {}) for n in names if n not in DRAFT_MODEL}
     for n, o in options.items():
         make_drafter(n, **o)
     return options
+
+
+def _trained_heads(a: argparse.Namespace):
+    """The heads trained for the target (`specwise heads train`), or UsageError."""
+    from specwise.backends import resolve_model
+    from specwise.drafters.heads import Heads, heads_path
+
+    _apply_pair(a)
+    model = resolve_model(a.target)
+    path = heads_path(model) / "heads.pt"
+    if not path.exists():
+        raise UsageError(
+            f"no drafting heads are trained for {model.name} here; train them with `specwise "
+            f"heads train --target {a.target}` (about 30 minutes), or drop heads from --drafter"
+        )
+    return Heads.load(path)
 
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
@@ -191,7 +214,9 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     names = _drafter_names(a)
     options = _drafter_options(a, names)
     need_draft = any(n in DRAFT_MODEL for n in names)
-    target, draft = _load_models(a, need_draft=need_draft, max_sequences=max_sequences)
+    target, draft = _load_models(
+        a, need_draft=need_draft, max_sequences=max_sequences, hidden="heads" in names
+    )
     if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
         try:
             check_same_vocab(target, draft)
@@ -517,7 +542,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if not prompts:
         raise UsageError("no prompts left to run (check --categories and --prompts)")
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
-    target, draft = _load_models(a, need_draft=bool(runs_draft))
+    target, draft = _load_models(a, need_draft=bool(runs_draft), hidden="heads" in drafters)
     if runs_draft and draft is None:
         raise UsageError(
             f"the {runs_draft[0]} drafter needs --draft or --pair (or drop it: --drafter ngram)"
@@ -782,6 +807,20 @@ def cmd_inspect(a: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning")
+    return 0
+
+
+def cmd_heads(a: argparse.Namespace) -> int:
+    from specwise import distill
+
+    if not a.minutes > 0 or a.heads < 1 or a.vocab < 16 or a.sequences < 1:
+        raise UsageError(
+            "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
+            "--sequences >= 1"
+        )
+    target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
+    out = distill.run(target, a.minutes, a.heads, a.vocab, a.sequences)
+    print(f"specwise: heads saved to {out}; draft with them: --drafter heads (or with --k auto)")
     return 0
 
 
@@ -1117,6 +1156,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
     s.add_argument("--trace", help="append every round of every request as JSON lines here")
     s.set_defaults(func=cmd_serve)
+
+    h = sub.add_parser("heads", help="drafting heads on the target's hidden states")
+    hsub = h.add_subparsers(dest="heads_command", required=True)
+    ht = hsub.add_parser(
+        "train",
+        help="train heads for the target on this machine (self-distillation; resumable)",
+    )
+    ht.add_argument("--pair", help="catalog pair whose target the heads are for")
+    ht.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    ht.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
+    ht.add_argument("--threads", type=int, help="threads (default: the cores)")
+    ht.set_defaults(draft=None, exact=False)
+    ht.add_argument("--minutes", type=float, default=30.0, help="time for data and training (30)")
+    ht.add_argument("--heads", type=int, default=3, help="heads, one per token drafted (3)")
+    ht.add_argument(
+        "--vocab", type=int, default=8192, help="tokens the heads can name, most frequent (8192)"
+    )
+    ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
+    h.set_defaults(func=cmd_heads)
 
     i = sub.add_parser(
         "inspect", help="the trace inspector (in the browser) over a saved trace or bench run"

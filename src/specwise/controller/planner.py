@@ -119,7 +119,8 @@ class Controller:
         passed_over: list[tuple[Drafter, int]] = []
         predicted: list[float] = []  # E(0..) of the best plan, before any scaling
         for d in self.drafters:
-            cap = min(room, len(offers.get(d.name, ())) if d.cheap else self.max_k)
+            most = len(offers.get(d.name, ())) if d.cheap else self.max_k
+            cap = min(room, most, getattr(d, "max_tokens", None) or most)
             if cap <= 0 or (only is not None and d.name != only):
                 continue
             lengths = self.pricing.sharing(batch, cap)

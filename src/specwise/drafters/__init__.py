@@ -10,6 +10,7 @@ from specwise.drafters.base import (
     make_drafters,
     register,
 )
+from specwise.drafters.heads import HeadsDrafter
 from specwise.drafters.model import ModelDrafter, TextDrafter
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.suffix import SuffixDrafter
@@ -19,6 +20,7 @@ __all__ = [
     "DRAFT_MODEL",
     "Draft",
     "Drafter",
+    "HeadsDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "SuffixDrafter",

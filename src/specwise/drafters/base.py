@@ -101,6 +101,9 @@ class Drafter(Protocol):
     # prefix); False when each token costs a forward (the controller decides first).
     cheap: bool
     fingerprint: str  # identifies what the drafter runs (keys cached cost measurements)
+    # Optional: the most tokens one proposal can hold (a drafter without it has no limit of
+    # its own); the controller plans no longer drafts.
+    max_tokens: int | None
 
     def bind(self, target: LM) -> None:
         """Check that this drafter can serve `target` (raise ValueError if not)."""

@@ -1,0 +1,493 @@
+"""Training drafting heads on this machine (`specwise heads train`): self-distillation data from
+the target, the reduced vocabulary, and the training loop.
+
+1. **Prompts** (`corpus_prompts`) come from text every Python install ships: the functions of
+   the standard library that have docstrings, asked for in the ways the bench's categories ask
+   (write it from its description, explain it, edit it, summarize its documentation). No
+   shipped bench prompt is used: a prompt sharing any run of `SHINGLE` words with one is dropped.
+2. **Data** (`generate`): the target answers them, several sequences per forward, greedily and
+   at temperature 0.7 in turn. At every generated position t it keeps the hidden state h_t
+   that predicted token t+1 and the target's top `TOP` probabilities there, in shards under the
+   work folder, so that an interrupted run resumes where it stopped.
+3. **Vocabulary** (`choose_vocab`): the `vocab` target tokens the target emitted most often in
+   that data (top-1 of every kept distribution), ties by id; the heads can name only these.
+4. **Training** (`train`): head i at position t learns the target's distribution at t+i (the
+   i-th token after the one h_t predicted), soft cross-entropy over the reduced vocabulary,
+   AdamW, for the time left; the last tenth of the sequences is held out and scored
+   (`evaluate`: how often each head's argmax is the target's, alone and as a chain). A
+   checkpoint after each epoch lets a stopped run go on.
+
+The result is saved next to the model's other measured state (`heads_path`). This module
+measures no speed; the bench does.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specwise.backends.base import LM, new_sequence
+from specwise.drafters.heads import Heads, heads_path, model_key
+
+__all__ = [
+    "Data",
+    "choose_vocab",
+    "corpus_prompts",
+    "evaluate",
+    "generate",
+    "load_data",
+    "run",
+    "train",
+]
+
+TOP = 16  # target probabilities kept per position
+SHINGLE = 8  # words in a run that marks a prompt as a bench prompt's
+ASKS = (
+    "Write a Python function `{name}{sig}` that does the following: {doc}\n"
+    "Include type hints and a docstring.",
+    "Explain what this Python function does, step by step:\n```python\n{src}\n```",
+    "Refactor this function for readability without changing its behaviour, and add type "
+    "hints:\n```python\n{src}\n```",
+    "Write pytest unit tests for this function:\n```python\n{src}\n```",
+    "Summarize this documentation in two or three sentences:\n\n{doc}",
+)
+
+
+def _words(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def _shingles(text: str) -> set[tuple[str, ...]]:
+    w = _words(text)
+    return {tuple(w[i : i + SHINGLE]) for i in range(max(0, len(w) - SHINGLE + 1))}
+
+
+def _bench_shingles() -> set[tuple[str, ...]]:
+    from specwise.bench.workloads import builtin
+
+    out: set[tuple[str, ...]] = set()
+    for p in builtin():
+        for turn in p.turns:
+            out |= _shingles(turn)
+    return out
+
+
+def corpus_prompts(limit: int, seed: int = 0, root: Path | None = None) -> list[str]:
+    """Up to `limit` prompts about functions of the standard library at `root` (this
+    interpreter's), shuffled by `seed`; none shares a run of SHINGLE words with a bench prompt."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if not any(part in ("test", "tests", "idlelib", "site-packages") for part in p.parts)
+    )
+    rng = random.Random(seed)
+    rng.shuffle(files)
+    banned = _bench_shingles()
+    out: list[str] = []
+    for path in files:
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            src = ast.get_source_segment(source, node)
+            if not doc or not src or not 3 <= src.count("\n") <= 40 or len(doc) < 40:
+                continue
+            sig = f"({ast.unparse(node.args)})"
+            ask = ASKS[rng.randrange(len(ASKS))]
+            text = ask.format(name=node.name, sig=sig, doc=" ".join(doc.split()), src=src)
+            if _shingles(text) & banned:
+                continue
+            out.append(text)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+@dataclass
+class Data:
+    """Positions of generated text: hidden states [n, d] (float16), the target's top TOP ids
+    [n, TOP] and probabilities [n, TOP] at each, and the sequence each belongs to [n]."""
+
+    hidden: np.ndarray
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    seq: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+def _top(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The TOP most likely ids of a logits row, most likely first, and their probabilities
+    (float16)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    n = min(TOP, len(p))
+    ids = np.argpartition(p, -n)[-n:]
+    ids = ids[np.argsort(-p[ids], kind="stable")]
+    probs = p[ids]
+    if n < TOP:  # a vocabulary smaller than TOP: the first id again, with probability 0
+        ids = np.concatenate([ids, np.full(TOP - n, ids[0])])
+        probs = np.concatenate([probs, np.zeros(TOP - n)])
+    return ids.astype(np.int32), probs.astype(np.float16)
+
+
+def generate(
+    target: LM,
+    prompts: Sequence[str],
+    seconds: float,
+    folder: Path,
+    sequences: int = 8,
+    max_tokens: int = 192,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """The target answers `prompts` in turn (continuing after those answered in `folder`'s
+    earlier shards), `sequences` at a time, until `seconds` have passed in this call; each
+    answered prompt's positions go to a shard of `folder`. A prompt's answer is greedy for
+    even prompts, at temperature 0.7 for odd ones (seeded by its index)."""
+    from tqdm import tqdm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state_path = folder / "progress.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"next": 0}
+    tok = target.tokenizer
+    if tok is None:
+        raise ValueError("training heads needs the target's tokenizer (its chat template)")
+    start = time.perf_counter()
+    next_prompt = state["next"]
+    live: dict[int, dict] = {}  # seq -> its prompt index, rng, tokens and records
+    pending: list[dict] = []
+    bar = tqdm(total=int(seconds), desc="self-distillation data", unit="s", file=sys.stderr)
+
+    def begin(i: int) -> None:
+        seq = new_sequence(target)
+        ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
+        row = target.forward([(seq, ids)], last_only=True)[0][-1]
+        live[seq] = {"i": i, "rng": np.random.default_rng(i), "records": [], "n": 0}
+        step(seq, row)
+
+    def step(seq: int, row: np.ndarray) -> None:
+        s = live[seq]
+        h = target.hidden(seq)
+        ids, probs = _top(row)
+        s["records"].append((h.astype(np.float16), ids, probs))
+        if s["i"] % 2 == 0:
+            x = int(np.argmax(row))
+        else:
+            z = row.astype(np.float64) / 0.7
+            p = np.exp(z - z.max())
+            x = int(s["rng"].choice(len(p), p=p / p.sum()))
+        s["n"] += 1
+        s["next"] = x
+        if x in target.eos_token_ids or s["n"] >= max_tokens:
+            target.release(seq)
+            pending.append(live.pop(seq))
+
+    try:
+        while time.perf_counter() - start < seconds and (live or next_prompt < len(prompts)):
+            while len(live) < sequences and next_prompt < len(prompts):
+                begin(next_prompt)
+                next_prompt += 1
+            if live:
+                seqs = list(live)
+                rows = target.forward([(q, [live[q]["next"]]) for q in seqs])
+                for q, r in zip(seqs, rows, strict=True):
+                    step(q, r[-1])
+            if len(pending) >= 16:
+                _write_shard(folder, pending)
+                pending.clear()
+            now = min(int(seconds), int(time.perf_counter() - start))
+            if now > bar.n:
+                bar.update(now - bar.n)
+    finally:
+        for q in list(live):
+            target.release(q)
+        bar.close()
+    _write_shard(folder, pending)
+    state["next"] = next_prompt - len(live)  # unfinished answers are asked again
+    state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
+    state_path.write_text(json.dumps(state))
+    if progress:
+        progress(f"{len(load_data(folder))} positions from {state['next']} prompts")
+
+
+def _write_shard(folder: Path, answers: list[dict]) -> None:
+    if not answers:
+        return
+    n = len(list(folder.glob("shard-*.npz")))
+    hidden, ids, probs, seq = [], [], [], []
+    for a in answers:
+        for h, i, p in a["records"]:
+            hidden.append(h)
+            ids.append(i)
+            probs.append(p)
+            seq.append(a["i"])
+    tmp = folder / f"shard-{n:05d}.partial.npz"
+    np.savez(tmp, hidden=np.stack(hidden), ids=np.stack(ids), probs=np.stack(probs), seq=seq)
+    tmp.replace(folder / f"shard-{n:05d}.npz")
+
+
+def load_data(folder: Path) -> Data:
+    """Every shard in `folder`, in order."""
+    shards = [np.load(p) for p in sorted(folder.glob("shard-?????.npz"))]
+    if not shards:
+        raise ValueError(f"{folder} holds no self-distillation data yet")
+    return Data(
+        np.concatenate([s["hidden"] for s in shards]),
+        np.concatenate([s["ids"] for s in shards]),
+        np.concatenate([s["probs"] for s in shards]),
+        np.concatenate([np.asarray(s["seq"], dtype=np.int64) for s in shards]),
+    )
+
+
+def choose_vocab(data: Data, size: int, always: Sequence[int] = ()) -> np.ndarray:
+    """The `size` ids the target put first most often in `data` (ties by lower id), plus
+    `always` (e.g. end-of-text ids), sorted."""
+    counts = np.bincount(data.top_ids[:, 0], minlength=int(data.top_ids.max()) + 1)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    picked = [int(i) for i in order[:size] if counts[i] > 0]
+    return np.array(sorted(set(picked) | {int(x) for x in always}), dtype=np.int64)
+
+
+def _targets(data: Data, ids: np.ndarray, vocab_size: int, n_heads: int):
+    """For every position t and head i: the index of position t+i (or -1 past its sequence's
+    end) and, per position, its kept distribution over the reduced vocabulary (dense rows are
+    built per batch): (label position [n, H], reduced ids [n, TOP], probabilities [n, TOP])."""
+    where = np.full(vocab_size, -1, dtype=np.int64)
+    where[ids] = np.arange(len(ids))
+    n = len(data)
+    label = np.full((n, n_heads), -1, dtype=np.int64)
+    for i in range(1, n_heads + 1):
+        t = np.arange(n - i)
+        same = data.seq[t + i] == data.seq[t]
+        label[t[same], i - 1] = t[same] + i
+    red = where[data.top_ids]
+    probs = np.where(red >= 0, data.top_probs.astype(np.float32), 0.0)
+    return label, red, probs
+
+
+def _split(data: Data, held_out: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the training sequences and of the held-out last tenth."""
+    seqs = np.unique(data.seq)
+    cut = seqs[int(len(seqs) * (1 - held_out))] if len(seqs) > 1 else seqs[-1] + 1
+    idx = np.arange(len(data))
+    return idx[data.seq < cut], idx[data.seq >= cut]
+
+
+def _dense(red: np.ndarray, probs: np.ndarray, rows: np.ndarray, width: int):
+    """[len(rows), width] label distributions (renormalised; all zero where no kept id is in
+    the reduced vocabulary)."""
+    import torch
+
+    out = torch.zeros(len(rows), width)
+    r = torch.from_numpy(red[rows]).clamp(min=0)
+    p = torch.from_numpy(probs[rows])
+    out.scatter_add_(1, r, p)
+    total = out.sum(dim=1, keepdim=True)
+    return torch.where(total > 0, out / total.clamp(min=1e-12), out)
+
+
+def train(
+    heads: Heads,
+    data: Data,
+    seconds: float,
+    checkpoint: Path | None = None,
+    batch: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> dict:
+    """Train `heads` on `data` for about `seconds` (whole epochs while time is left, at least
+    one), resuming from `checkpoint` where it holds one; returns `evaluate` on the held-out
+    sequences and what was done."""
+    import torch
+    from tqdm import tqdm
+
+    label, red, probs = _targets(data, heads.ids, heads.vocab_size, heads.n_heads)
+    fit, held = _split(data)
+    fit = fit[(label[fit] >= 0).any(axis=1)]
+    module = heads.module.train()
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+    epoch = 0
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        module.load_state_dict(state["weights"])
+        opt.load_state_dict(state["optimizer"])
+        epoch = int(state["epoch"])
+    rng = np.random.default_rng(seed + epoch)
+    start = time.perf_counter()
+    hidden = torch.from_numpy(data.hidden)
+    bar = tqdm(total=max(1, int(seconds)), desc="training heads", unit="s", file=sys.stderr)
+    while True:
+        order = rng.permutation(fit)
+        t0 = time.perf_counter()
+        for b in range(0, len(order), batch):
+            rows = order[b : b + batch]
+            h = hidden[rows].float()
+            logits = module(h)  # [B, H, N]
+            lab = label[rows]  # [B, H]
+            loss = torch.zeros(())
+            count = 0
+            for i in range(heads.n_heads):
+                ok = lab[:, i] >= 0
+                if not ok.any():
+                    continue
+                target = _dense(red, probs, lab[ok, i], len(heads.ids))
+                keep = target.sum(dim=1) > 0
+                if not keep.any():
+                    continue
+                logp = torch.log_softmax(logits[torch.from_numpy(ok)][:, i], dim=-1)
+                loss = loss - (target[keep] * logp[keep]).sum()
+                count += int(keep.sum())
+            if count == 0:
+                continue
+            loss = loss / count
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            now = min(bar.total, int(time.perf_counter() - start))
+            if now > bar.n:
+                bar.update(now - bar.n)
+                bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
+        epoch += 1
+        per_epoch = time.perf_counter() - t0
+        if checkpoint is not None:
+            torch.save(
+                {"weights": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch},
+                checkpoint,
+            )
+        if time.perf_counter() - start + per_epoch > seconds:
+            break
+    bar.close()
+    module.eval()
+    heads.trained()
+    return {
+        "epochs": epoch,
+        "train_positions": len(fit),
+        "held_out_positions": len(held),
+        **evaluate(heads, data, held, label),
+    }
+
+
+def evaluate(heads: Heads, data: Data, rows: np.ndarray, label: np.ndarray | None = None) -> dict:
+    """How often each head's argmax is the target's top token at its position, over `rows`
+    that have one (`alone`), and how often heads 1..i are all right (`chain`: the expected
+    share of greedy chains accepted at least that far)."""
+    import torch
+
+    if label is None:
+        label = _targets(data, heads.ids, heads.vocab_size, heads.n_heads)[0]
+    rows = rows[(label[rows] >= 0).all(axis=1)]
+    if len(rows) == 0:
+        return {"alone": [], "chain": [], "scored": 0}
+    right = np.zeros((len(rows), heads.n_heads), dtype=bool)
+    with torch.inference_mode():
+        for b in range(0, len(rows), 1024):
+            r = rows[b : b + 1024]
+            logits = heads.module(torch.from_numpy(data.hidden[r]).float()).numpy()
+            guess = heads.ids[np.argmax(logits, axis=-1)]  # [B, H]
+            want = data.top_ids[label[r], 0]  # [B, H]
+            right[b : b + len(r)] = guess == want
+    chain = np.cumprod(right, axis=1)
+    return {
+        "alone": [round(float(x), 4) for x in right.mean(axis=0)],
+        "chain": [round(float(x), 4) for x in chain.mean(axis=0)],
+        "scored": len(rows),
+    }
+
+
+def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
+    """The target's output-layer rows for `ids` [len(ids), hidden_size] float32: from the
+    GGUF file (dequantized with the gguf package), or the torch model; None where neither."""
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, "get_output_embeddings"):
+        return model.get_output_embeddings().weight.detach().float().numpy()[ids]
+    path = Path(target.info.model)
+    if path.suffix != ".gguf" or not path.is_file():
+        return None
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    t = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if t is None:
+        return None
+    rows = np.asarray(t.data)[ids]
+    return gguf.quants.dequantize(rows, t.tensor_type).reshape(len(ids), -1).astype(np.float32)
+
+
+def run(
+    target: LM,
+    minutes: float,
+    n_heads: int = 3,
+    vocab: int = 8192,
+    sequences: int = 8,
+    data_share: float = 0.6,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> Path:
+    """Train heads for `target` (a GGUF target built with hidden states) in about `minutes`:
+    `data_share` of them generating data (less where earlier runs left data), the rest
+    training; saves them to `heads_path(...)/heads.pt` and returns that path."""
+    if not target.hidden_size:
+        raise ValueError("training heads needs a target built with hidden states")
+    model = Path(target.info.model)
+    folder = heads_path(model)
+    work = folder / "work"
+    budget = minutes * 60.0
+    state = work / "progress.json"
+    spent = json.loads(state.read_text()).get("seconds", 0.0) if state.exists() else 0.0
+    left = max(0.0, budget * data_share - spent)
+    if left > 0:
+        prompts = corpus_prompts(limit=1500)
+        progress(
+            f"generating self-distillation data for {left / 60:.1f} min ({len(prompts)} prompts)"
+        )
+        generate(target, prompts, left, work, sequences=sequences, progress=progress)
+    data = load_data(work)
+    ids = choose_vocab(data, vocab, always=sorted(target.eos_token_ids))
+    progress(
+        f"{len(data)} positions; a vocabulary of {len(ids)} tokens covers "
+        f"{_coverage(data, ids):.1%} of the target's top tokens"
+    )
+    heads = Heads(
+        target.hidden_size,
+        n_heads,
+        ids,
+        target.vocab_size,
+        unembedding=unembedding(target, ids),
+        meta={"key": model_key(model)[:20], "model": model.name},
+    )
+    ckpt = work / f"train-{n_heads}-{len(ids)}.pt"
+    result = train(heads, data, max(60.0, budget * (1 - data_share)), checkpoint=ckpt)
+    heads.meta.update(
+        trained=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        positions=len(data),
+        **{k: v for k, v in result.items()},
+    )
+    out = folder / "heads.pt"
+    heads.save(out)
+    progress(
+        f"held-out: each head's argmax is the target's {result['alone']} of the time; "
+        f"chains right to depth 1..{n_heads}: {result['chain']}"
+    )
+    return out
+
+
+def _coverage(data: Data, ids: np.ndarray) -> float:
+    return float(np.isin(data.top_ids[:, 0], ids).mean())

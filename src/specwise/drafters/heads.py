@@ -1,0 +1,300 @@
+"""`HeadsDrafter` (Medusa-style heads): small networks on the target's own final hidden state
+propose the next tokens, with no second model and no second KV cache.
+
+After the target predicted a token x from its hidden state h (`LM.hidden`: the state at the
+last cached position), head i guesses the i-th token after x from h alone: a residual block
+z_i = h + SiLU(W_i h + b_i), then an output layer over a **reduced vocabulary** (the `ids`: the
+target tokens the heads can name, the most frequent ones of their training data), shared by all
+heads. A proposal of k tokens runs the first k heads on one state, one matrix product per
+layer; it costs a few percent of a target step, so the drafter is not `cheap`: the controller
+decides first, and the heads run only in rounds it gives them.
+
+Greedy: each head's argmax, with its unwarped softmax probability as confidence. Sampling: q_i
+= `warp` of head i's logits over the reduced vocabulary (zero elsewhere), a token drawn from it
+with the request's sampler; q_i is a function of the context alone, so rejection sampling
+against it is exact. A chain, never a tree.
+
+`Heads` is the network and its file (`save`/`load`, keyed by the target model it was trained
+for: `heads_path`); training it is `specwise.distill`'s work. Torch is imported when heads are
+built, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specwise.backends.base import LM
+from specwise.drafters.base import Draft, KeepGoing, register
+from specwise.sampling import Sampler, SamplingParams, warp
+
+__all__ = ["FORMAT", "Heads", "HeadsDrafter", "heads_path", "model_key"]
+
+FORMAT = 1  # the file's layout version
+
+
+def model_key(path: str | Path) -> str:
+    """What heads are kept under for a GGUF target: the catalog's sha256 where the file is a
+    pulled catalog model, else the sha256 of the file's size and first and last MiB (a full
+    hash of a 1 GB file takes seconds at every start)."""
+    import hashlib
+
+    from specwise.models import CATALOG, model_path
+
+    path = Path(path).resolve()
+    for entry in CATALOG.values():
+        if model_path(entry.name).resolve() == path:
+            return entry.sha256
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, path.stat().st_size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def heads_path(model: str | Path) -> Path:
+    """Where the heads trained for `model` (a GGUF file) live: $SPECWISE_HOME/heads/<key>/."""
+    from specwise.models import home
+
+    return home() / "heads" / model_key(model)[:20]
+
+
+class Heads:
+    """Heads(hidden_size, n_heads, ids, vocab_size, unembedding=None, seed=0): the network.
+    ids: the target ids of the reduced vocabulary (distinct, < vocab_size); unembedding:
+    the target's output rows [len(ids), hidden_size] for them, the output layer's start (else
+    random). The blocks start at zero, so every head starts as the target's own output layer
+    restricted to `ids`. `module` is the torch module (for training); `logits` runs it."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        n_heads: int,
+        ids: Sequence[int],
+        vocab_size: int,
+        unembedding: np.ndarray | None = None,
+        seed: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        import torch
+
+        ids = np.asarray(ids, dtype=np.int64)
+        if n_heads < 1:
+            raise ValueError(f"n_heads = {n_heads} is invalid; use an integer >= 1")
+        if len(ids) == 0 or len(set(ids.tolist())) != len(ids):
+            raise ValueError("the heads' vocabulary must be distinct target ids, at least one")
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"the heads' vocabulary holds ids outside 0 .. {vocab_size - 1}")
+        self.hidden_size, self.n_heads, self.vocab_size = hidden_size, n_heads, vocab_size
+        self.ids = ids
+        self.meta = dict(meta or {})
+        torch.manual_seed(seed)
+        self.module = _module_class()(hidden_size, n_heads, len(ids))
+        if unembedding is not None:
+            if unembedding.shape != (len(ids), hidden_size):
+                raise ValueError(
+                    f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
+                )
+            with torch.no_grad():
+                self.module.out.weight.copy_(torch.from_numpy(np.asarray(unembedding)))
+        self._fast: Any = None  # the inference copy (`logits`), made on first use
+
+    def logits(self, h: np.ndarray, n: int | None = None) -> np.ndarray:
+        """[hidden_size] -> [n, len(ids)] float32: the logits over `ids` of the first n heads
+        (all by default; the others' weights are not read). Runs in bfloat16 (the products
+        are memory-bound: half the bytes), from a copy of the weights made at the first call
+        after training."""
+        import torch
+
+        if self._fast is None:
+            self._fast = self.module.inference_copy()
+        with torch.inference_mode():
+            x = torch.from_numpy(np.asarray(h, dtype=np.float32)).to(torch.bfloat16)
+            return self._fast(x, n).float().numpy()
+
+    def trained(self) -> None:
+        """The weights changed: the next `logits` copies them again."""
+        self._fast = None
+
+    def save(self, path: str | Path) -> None:
+        """Write the heads to `path` (a .pt file), atomically."""
+        import torch
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        state = {
+            "format": FORMAT,
+            "hidden_size": self.hidden_size,
+            "n_heads": self.n_heads,
+            "vocab_size": self.vocab_size,
+            "ids": torch.from_numpy(self.ids),
+            "weights": self.module.state_dict(),
+            "meta": self.meta,
+        }
+        torch.save(state, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Heads:
+        """Read heads written by `save`; ValueError naming the file where it is not one."""
+        import torch
+
+        try:
+            state = torch.load(Path(path), map_location="cpu", weights_only=True)
+            if state.get("format") != FORMAT:
+                raise ValueError(f"format {state.get('format')!r}, this specwise reads {FORMAT}")
+            heads = cls(
+                state["hidden_size"],
+                state["n_heads"],
+                state["ids"].numpy(),
+                state["vocab_size"],
+                meta=state.get("meta"),
+            )
+            heads.module.load_state_dict(state["weights"])
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # any unreadable file: one clear error
+            raise ValueError(f"{path} holds no heads specwise can read ({exc})") from None
+        return heads
+
+
+@functools.cache
+def _module_class():
+    """The torch module class, defined on first use (importing this module imports no torch)."""
+    import torch
+    from torch import nn
+
+    class HeadsModule(nn.Module):
+        """Residual blocks (one Linear of all heads together) and the shared output layer."""
+
+        def __init__(self, d: int, n_heads: int, n_ids: int) -> None:
+            super().__init__()
+            self.n_heads = n_heads
+            self.blocks = nn.Linear(d, n_heads * d)
+            nn.init.zeros_(self.blocks.weight)
+            nn.init.zeros_(self.blocks.bias)
+            self.out = nn.Linear(d, n_ids, bias=False)
+
+        def forward(self, h, n: int | None = None):  # [..., d] -> [..., n, n_ids]
+            n = self.n_heads if n is None else n
+            d = h.shape[-1]
+            w, b = self.blocks.weight[: n * d], self.blocks.bias[: n * d]
+            z = nn.functional.linear(h, w, b).unflatten(-1, (n, d))
+            return self.out(h.unsqueeze(-2) + nn.functional.silu(z))
+
+        def inference_copy(self):
+            import copy
+
+            fast = copy.deepcopy(self).to(torch.bfloat16).eval()
+            for p in fast.parameters():
+                p.requires_grad_(False)
+            return fast
+
+    return HeadsModule
+
+
+@register("heads")
+class HeadsDrafter:
+    """HeadsDrafter(heads): drafts with trained `Heads` on the hidden states of the target it
+    is bound to (a target built with hidden states: `LM.hidden_size`)."""
+
+    name = "heads"
+    # Not cheap: a proposal costs a few percent of a target step (memory-bound products), so
+    # the controller decides first and the heads run only in the rounds it gives them.
+    cheap = False
+
+    def __init__(self, heads: Heads) -> None:
+        self.heads = heads
+        self.max_tokens = heads.n_heads  # one token a head
+        self.fingerprint = (
+            f"heads:{heads.meta.get('key', 'unsaved')}:{heads.meta.get('trained', '')}"
+        )
+        self._target: LM | None = None
+
+    def bind(self, target: LM) -> None:
+        got = getattr(target, "hidden_size", 0)
+        if not got:
+            raise ValueError(
+                "the heads drafter reads the target's hidden states, and this target was "
+                "loaded without them (specwise loads it with them when --drafter names heads)"
+            )
+        if got != self.heads.hidden_size:
+            raise ValueError(
+                f"these heads were trained on hidden states of width {self.heads.hidden_size}; "
+                f"the target's are {got} wide: train heads for this model"
+            )
+        if target.vocab_size != self.heads.vocab_size:
+            raise ValueError(
+                f"these heads name tokens of a vocabulary of {self.heads.vocab_size}; the "
+                f"target's has {target.vocab_size}: train heads for this model"
+            )
+        self._target = target
+
+    def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
+        return None
+
+    def propose(
+        self,
+        seq: int,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        sampler: Sampler,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        if k <= 0 or self._target is None:
+            return Draft([], None)
+        h = self._target.hidden(seq)
+        if h is None:  # the target's last forward did not end where the context does
+            return Draft([], None)
+        logits = self.heads.logits(h, min(k, self.heads.n_heads))  # [n, N]
+        ids = self.heads.ids
+        tokens: list[int] = []
+        conf: list[float] = []
+        qs: list[np.ndarray] = []
+        for row in logits:
+            if params.greedy:
+                x = int(np.argmax(row))
+                conf.append(float(1.0 / np.exp(row - row[x]).sum()))  # softmax at x
+            else:
+                q = warp(row, params)  # [N]
+                x = sampler.categorical(q)
+                full = np.zeros(self.heads.vocab_size)
+                full[ids] = q
+                qs.append(full)
+                conf.append(float(q[x]))
+            tokens.append(int(ids[x]))
+            if keep_going is not None and not keep_going(len(tokens), conf[-1]):
+                break
+        return Draft(tokens, np.stack(qs) if qs else None, conf)
+
+    def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
+        return None
+
+    def end(self, seq: int) -> None:
+        return None
+
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        return 0
+
+    def measure_cost(self) -> tuple[float, float]:
+        """ms per proposed token: every head on a random state (median of 20 after 3),
+        divided by the heads' number; no catch-up cost. (Measured alone, the weights stay in
+        the CPU's cache; in a round they are read from memory again: the controller learns
+        that cost from the rounds, `Costs.observe_draft`.)"""
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal(self.heads.hidden_size).astype(np.float32)
+        times = []
+        for i in range(23):
+            t = time.perf_counter()
+            self.heads.logits(h).argmax(axis=-1)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+        return float(np.median(times)) * 1000.0 / self.heads.n_heads, 0.0

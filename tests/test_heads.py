@@ -1,0 +1,218 @@
+"""Drafting heads: the heads drafter's exactness (greedy equality with plain decoding, the
+emitted distribution enumerated exactly, a broken q caught), its file, and training
+(`specwise.distill`) on a toy target whose heads can be learnt."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specwise import Engine, SamplingParams, distill
+from specwise.backends.torch_hf import TorchLM
+from specwise.drafters import Draft
+from specwise.drafters.heads import Heads, HeadsDrafter
+from specwise.oracle import plain_decode
+from specwise.sampling import warp
+from toy import ToyLM, ToyTokenizer, enumerate_outcomes, tiny_llama
+
+
+def _toy_heads(lm: ToyLM, n_heads: int = 2, seed: int = 0) -> Heads:
+    v = lm.vocab_size
+    heads = Heads(lm.hidden_size, n_heads, list(range(v)), v, seed=seed)
+    import torch
+
+    with torch.no_grad():  # random blocks, so that heads differ from one another
+        heads.module.blocks.weight.normal_(0, 1.0)
+        heads.module.out.weight.normal_(0, 1.0)
+    heads.trained()
+    return heads
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_heads_greedy_equals_plain(k):
+    target = ToyLM(vocab=12, seed=3, hidden=True)
+    prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
+    params = SamplingParams(max_tokens=40)
+    want = plain_decode(target, prompt, params)
+    eng = Engine(target, HeadsDrafter(_toy_heads(target, n_heads=3)), k=k)
+    res = eng.generate(prompt, params)
+    assert res.tokens == want
+    assert res.summary.proposed > 0  # the heads did draft
+
+
+def test_heads_on_a_torch_target_greedy_equals_plain():
+    target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0), hidden=True)
+    heads = Heads(target.hidden_size, 3, list(range(16)), 16, seed=1)
+    prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
+    params = SamplingParams(max_tokens=30)
+    res = Engine(target, HeadsDrafter(heads), k=3).generate(prompt, params)
+    assert res.tokens == plain_decode(target, prompt, params)
+
+
+def _joint(target, prompt, params, n):
+    """P(first n tokens), enumerated from the target alone."""
+    out: dict[tuple, float] = {}
+
+    def walk(ctx, prob, got):
+        if len(got) == n:
+            out[tuple(got)] = out.get(tuple(got), 0.0) + prob
+            return
+        row = target.forward([(999, ctx)], last_only=True)[0][-1]
+        target.release(999)
+        p = warp(row, params)
+        for x in np.flatnonzero(p > 0):
+            walk([*ctx, int(x)], prob * p[x], [*got, int(x)])
+
+    walk(list(prompt), 1.0, [])
+    return out
+
+
+def _emitted(engine, prompt, params, n):
+    """The exact distribution of the engine's first n tokens: every random choice enumerated."""
+
+    def run(sampler):
+        req = engine.admit(prompt, params)
+        req.sampler = sampler
+        engine.prefill(req)
+        while not req.done and len(req.context) - req.n_prompt < n:
+            engine.step([req])
+        tokens = tuple(req.context[req.n_prompt : req.n_prompt + n])
+        engine.finish(req)
+        return tokens
+
+    return enumerate_outcomes(run)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_tokens=3),
+        SamplingParams(temperature=0.7, top_k=2, max_tokens=3),
+    ],
+)
+def test_heads_sampling_emits_exactly_the_target_distribution(params):
+    target = ToyLM(vocab=3, seed=5, hidden=True)
+    prompt = [0, 2, 1]
+    engine = Engine(target, HeadsDrafter(_toy_heads(target)), k=2)
+    got = _emitted(engine, prompt, params, 3)
+    want = _joint(target, prompt, params, 3)
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert abs(got.get(seq, 0.0) - prob) < 1e-9, (seq, got.get(seq), prob)
+
+
+def test_a_heads_drafter_that_misstates_q_fails_the_same_check():
+    """Drawing from q but reporting another q (uniform) is not lossless: the check must see it."""
+
+    class Misstated(HeadsDrafter):
+        def propose(self, *args, **kw):
+            d = super().propose(*args, **kw)
+            if d.probs is None:
+                return d
+            flat = np.full_like(d.probs, 1.0 / d.probs.shape[1])
+            return Draft(d.tokens, flat, d.confidence)
+
+    target = ToyLM(vocab=3, seed=5, hidden=True)
+    params = SamplingParams(temperature=1.0, max_tokens=3)
+    engine = Engine(target, Misstated(_toy_heads(target)), k=2)
+    got = _emitted(engine, [0, 2, 1], params, 3)
+    want = _joint(target, [0, 2, 1], params, 3)
+    assert max(abs(got.get(s, 0.0) - p) for s, p in want.items()) > 1e-3
+
+
+def test_heads_refuse_a_target_without_hidden_states_or_of_another_shape():
+    heads = Heads(9, 2, [0, 1, 2], 3)
+    with pytest.raises(ValueError, match="loaded without them"):
+        HeadsDrafter(heads).bind(ToyLM(vocab=3))
+    with pytest.raises(ValueError, match="width 9"):
+        HeadsDrafter(heads).bind(ToyLM(vocab=4, hidden=True))
+    with pytest.raises(ValueError, match="distinct"):
+        Heads(9, 2, [0, 0], 3)
+    with pytest.raises(ValueError, match="outside"):
+        Heads(9, 2, [0, 3], 3)
+
+
+def test_heads_file_round_trip_and_a_bad_file(tmp_path):
+    target = ToyLM(vocab=4, seed=0, hidden=True)
+    heads = _toy_heads(target)
+    heads.meta["key"] = "abc"
+    heads.save(tmp_path / "h.pt")
+    again = Heads.load(tmp_path / "h.pt")
+    h = target.table[0, 1]  # any vector of the right width
+    h = np.resize(h, target.hidden_size).astype(np.float32)
+    np.testing.assert_array_equal(again.logits(h), heads.logits(h))
+    assert again.meta["key"] == "abc" and list(again.ids) == [0, 1, 2, 3]
+    (tmp_path / "bad.pt").write_bytes(b"not heads")
+    with pytest.raises(ValueError, match="holds no heads"):
+        Heads.load(tmp_path / "bad.pt")
+
+
+def test_training_on_a_toy_target_learns_heads_that_are_accepted(tmp_path):
+    """The whole path of `specwise heads train` but the model: generate data with the target,
+    choose the vocabulary, train, score held-out; then the heads draft, and are accepted."""
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(60)]
+    distill.generate(target, prompts, seconds=60, folder=tmp_path, sequences=4, max_tokens=24)
+    data = distill.load_data(tmp_path)
+    assert len(data) == 60 * 24 and data.hidden.shape[1] == 36
+    ids = distill.choose_vocab(data, 6)
+    heads = Heads(36, 2, ids, 6, seed=0)
+    result = distill.train(heads, data, seconds=0.0, checkpoint=tmp_path / "ckpt.pt", lr=0.05)
+    assert result["epochs"] == 1 and (tmp_path / "ckpt.pt").exists()
+    result = distill.train(heads, data, seconds=5.0, checkpoint=tmp_path / "ckpt.pt", lr=0.05)
+    assert result["epochs"] > 1  # resumed from the checkpoint, then went on
+    assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
+    greedy = SamplingParams(max_tokens=30)
+    prompt = [0, 3, 1, 4]
+    res = Engine(target, HeadsDrafter(heads), k=2).generate(prompt, greedy)
+    assert res.tokens == plain_decode(target, prompt, greedy)
+    assert res.summary.acceptance_rate > 0.6, res.summary.acceptance_rate
+
+
+def test_a_prompt_that_shares_a_bench_prompts_words_is_never_a_training_prompt(tmp_path):
+    from specwise.bench.workloads import builtin
+
+    bench = builtin()[0].turns[0]
+    words = " ".join(bench.split()[:20])
+    (tmp_path / "m.py").write_text(
+        "def taken(x):\n"
+        f'    """{words}"""\n'
+        "    y = x + 1\n    z = y * 2\n    return z\n\n\n"
+        "def kept(x):\n"
+        '    """Return the square of x, computed the long way round for clarity."""\n'
+        "    y = x\n    z = y * x\n    return z\n"
+    )
+    prompts = distill.corpus_prompts(limit=10, root=tmp_path)
+    assert prompts and all("kept" in p or "square of x" in p for p in prompts)
+
+
+def test_vocab_is_the_most_frequent_top_tokens_and_labels_stay_in_their_sequence():
+    data = distill.Data(
+        hidden=np.zeros((6, 2), dtype=np.float16),
+        top_ids=np.array([[3] * 16, [3] * 16, [1] * 16, [1] * 16, [1] * 16, [7] * 16]),
+        top_probs=np.full((6, 16), 1 / 16, dtype=np.float16),
+        seq=np.array([0, 0, 0, 1, 1, 1]),
+    )
+    assert list(distill.choose_vocab(data, 2)) == [1, 3]
+    assert list(distill.choose_vocab(data, 1, always=[9])) == [1, 9]
+    label = distill._targets(data, np.array([1, 3]), 10, 2)[0]
+    assert label.tolist() == [[1, 2], [2, -1], [-1, -1], [4, 5], [5, -1], [-1, -1]]
+
+
+def test_heads_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
+    """k=auto over the heads (not cheap: run only when planned) and the n-gram drafter; the
+    controller never plans more tokens than there are heads."""
+    from specwise.controller import Controller
+    from specwise.drafters import NgramDrafter
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    target = ToyLM(vocab=12, seed=3, hidden=True, delay_ms=(2.0, 0.1))
+    prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
+    params = SamplingParams(max_tokens=60)
+    drafters = [NgramDrafter(), HeadsDrafter(_toy_heads(target, n_heads=2))]
+    engine = Engine(target, drafters, k="auto", controller=Controller.calibrated(target, drafters))
+    res = engine.generate(prompt, params)
+    assert res.tokens == plain_decode(target, prompt, params)
+    heads_rounds = [r for r in res.rounds if r.drafter == "heads"]
+    assert all(r.proposed <= 2 and (r.k_max or 0) <= 2 for r in heads_rounds)
