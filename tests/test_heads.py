@@ -216,3 +216,31 @@ def test_heads_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
     assert res.tokens == plain_decode(target, prompt, params)
     heads_rounds = [r for r in res.rounds if r.drafter == "heads"]
     assert all(r.proposed <= 2 and (r.k_max or 0) <= 2 for r in heads_rounds)
+
+
+def test_drafting_with_heads_never_trained_is_one_clear_error(
+    smollm2_path, tmp_path, monkeypatch, capsys
+):
+    from specwise.cli import main
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    argv = ["generate", "--target", str(smollm2_path), "--drafter", "heads", "--k", "1", "hi"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no drafting heads are trained for" in err and "specwise heads train" in err
+    assert "Traceback" not in err
+
+
+def test_heads_are_kept_by_the_model_they_were_trained_for(smollm2_path, tmp_path):
+    from specwise.drafters.heads import heads_path, model_key
+    from specwise.models import CATALOG
+
+    assert model_key(smollm2_path) == CATALOG["smollm2-135m-instruct"].sha256
+    other = tmp_path / "m.gguf"
+    other.write_bytes(b"GGUF" + bytes(100))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    keys = {model_key(smollm2_path), model_key(other), model_key(folder)}
+    assert len(keys) == 3 and model_key(other) == model_key(other)
+    assert heads_path(other).name == model_key(other)[:20]

@@ -1171,7 +1171,7 @@ def build_parser() -> argparse.ArgumentParser:
     ht.add_argument("--minutes", type=float, default=30.0, help="time for data and training (30)")
     ht.add_argument("--heads", type=int, default=3, help="heads, one per token drafted (3)")
     ht.add_argument(
-        "--vocab", type=int, default=8192, help="tokens the heads can name, most frequent (8192)"
+        "--vocab", type=int, default=2048, help="tokens the heads can name, most frequent (2048)"
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
     h.set_defaults(func=cmd_heads)

@@ -158,10 +158,11 @@ def generate(
     max_tokens: int = 192,
     progress: Callable[[str], None] | None = None,
 ) -> None:
-    """The target answers `prompts` in turn (continuing after those answered in `folder`'s
-    earlier shards), `sequences` at a time, until `seconds` have passed in this call; each
-    answered prompt's positions go to a shard of `folder`. A prompt's answer is greedy for
-    even prompts, at temperature 0.7 for odd ones (seeded by its index)."""
+    """The target answers `prompts` in turn (continuing after those `folder`'s earlier calls
+    began), `sequences` at a time, until `seconds` have passed in this call; each finished
+    answer's positions go to a shard of `folder` (answers unfinished at the end are dropped).
+    A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones (seeded by
+    its index)."""
     from tqdm import tqdm
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,7 @@ def generate(
             target.release(q)
         bar.close()
     _write_shard(folder, pending)
-    state["next"] = next_prompt - len(live)  # unfinished answers are asked again
+    state["next"] = next_prompt  # answers left unfinished are dropped, never asked twice
     state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
     state_path.write_text(json.dumps(state))
     if progress:
@@ -436,7 +437,7 @@ def run(
     target: LM,
     minutes: float,
     n_heads: int = 3,
-    vocab: int = 8192,
+    vocab: int = 2048,
     sequences: int = 8,
     data_share: float = 0.6,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
@@ -478,7 +479,7 @@ def run(
     heads.meta.update(
         trained=time.strftime("%Y-%m-%dT%H:%M:%S"),
         positions=len(data),
-        **{k: v for k, v in result.items()},
+        **result,
     )
     out = folder / "heads.pt"
     heads.save(out)

@@ -39,14 +39,18 @@ FORMAT = 1  # the file's layout version
 
 
 def model_key(path: str | Path) -> str:
-    """What heads are kept under for a GGUF target: the catalog's sha256 where the file is a
-    pulled catalog model, else the sha256 of the file's size and first and last MiB (a full
-    hash of a 1 GB file takes seconds at every start)."""
+    """What heads are kept under for a target: the catalog's sha256 where the file is a pulled
+    catalog model, else the sha256 of a GGUF file's size and first and last MiB (a full hash
+    of a 1 GB file takes seconds at every start), or of a folder's file fingerprint."""
     import hashlib
 
     from specwise.models import CATALOG, model_path
 
     path = Path(path).resolve()
+    if path.is_dir():  # a Hugging Face folder: its files' names, sizes and times
+        from specwise.backends.base import file_fingerprint
+
+        return hashlib.sha256(file_fingerprint(path).encode()).hexdigest()
     for entry in CATALOG.values():
         if model_path(entry.name).resolve() == path:
             return entry.sha256
@@ -59,7 +63,7 @@ def model_key(path: str | Path) -> str:
 
 
 def heads_path(model: str | Path) -> Path:
-    """Where the heads trained for `model` (a GGUF file) live: $SPECWISE_HOME/heads/<key>/."""
+    """Where the heads trained for `model` live: $SPECWISE_HOME/heads/<key>/."""
     from specwise.models import home
 
     return home() / "heads" / model_key(model)[:20]
