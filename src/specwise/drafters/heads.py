@@ -122,6 +122,14 @@ class Heads:
             x = torch.from_numpy(np.asarray(h, dtype=np.float32)).to(torch.bfloat16)
             return self._fast(x, n).float().numpy()
 
+    def ready(self) -> None:
+        """Make the bfloat16 copy and run each head count once (the CPU library prepares its
+        kernels at a shape's first product): that work belongs to loading, not to a request's
+        first rounds."""
+        zero = np.zeros(self.hidden_size, dtype=np.float32)
+        for n in range(1, self.n_heads + 1):
+            self.logits(zero, n)
+
     def trained(self) -> None:
         """The weights changed: the next `logits` copies them again."""
         self._fast = None
@@ -147,7 +155,8 @@ class Heads:
 
     @classmethod
     def load(cls, path: str | Path) -> Heads:
-        """Read heads written by `save`; ValueError naming the file where it is not one."""
+        """Read heads written by `save`, `ready` to run; ValueError naming the file where it
+        is not one."""
         import torch
 
         try:
@@ -162,6 +171,7 @@ class Heads:
                 meta=state.get("meta"),
             )
             heads.module.load_state_dict(state["weights"])
+            heads.ready()
         except FileNotFoundError:
             raise
         except Exception as exc:  # any unreadable file: one clear error
