@@ -37,6 +37,7 @@ import numpy as np
 
 from specwise.backends.base import LM, new_sequence
 from specwise.drafters.heads import Heads, heads_path, model_key
+from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = [
     "Data",
@@ -51,6 +52,7 @@ __all__ = [
 
 TOP = 16  # target probabilities kept per position
 SHINGLE = 8  # words in a run that marks a prompt as a bench prompt's
+SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
 ASKS = (
     "Write a Python function `{name}{sig}` that does the following: {doc}\n"
     "Include type hints and a docstring.",
@@ -135,10 +137,7 @@ class Data:
 def _top(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The TOP most likely ids of a logits row, most likely first, and their probabilities
     (float16)."""
-    z = logits.astype(np.float64)
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
+    p = warp(logits, SamplingParams(temperature=1.0))
     n = min(TOP, len(p))
     ids = np.argpartition(p, -n)[-n:]
     ids = ids[np.argsort(-p[ids], kind="stable")]
@@ -181,7 +180,7 @@ def generate(
         seq = new_sequence(target)
         ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
         row = target.forward([(seq, ids)], last_only=True)[0][-1]
-        live[seq] = {"i": i, "rng": np.random.default_rng(i), "records": [], "n": 0}
+        live[seq] = {"i": i, "sampler": Sampler(i), "records": [], "n": 0}
         step(seq, row)
 
     def step(seq: int, row: np.ndarray) -> None:
@@ -189,12 +188,8 @@ def generate(
         h = target.hidden(seq)
         ids, probs = _top(row)
         s["records"].append((h.astype(np.float16), ids, probs))
-        if s["i"] % 2 == 0:
-            x = int(np.argmax(row))
-        else:
-            z = row.astype(np.float64) / 0.7
-            p = np.exp(z - z.max())
-            x = int(s["rng"].choice(len(p), p=p / p.sum()))
+        greedy = s["i"] % 2 == 0
+        x = int(np.argmax(row)) if greedy else s["sampler"].categorical(warp(row, SAMPLED))
         s["n"] += 1
         s["next"] = x
         if x in target.eos_token_ids or s["n"] >= max_tokens:
@@ -368,11 +363,13 @@ def train(
                 bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.3f}")
         epoch += 1
         per_epoch = time.perf_counter() - t0
-        if checkpoint is not None:
+        if checkpoint is not None:  # atomically: a run stopped while saving keeps the last one
+            tmp = checkpoint.with_suffix(".partial")
             torch.save(
                 {"weights": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch},
-                checkpoint,
+                tmp,
             )
+            tmp.replace(checkpoint)
         if time.perf_counter() - start + per_epoch > seconds:
             break
     bar.close()
