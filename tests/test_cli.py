@@ -119,6 +119,9 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
         (["--streams-per-key", "-2"], "--streams-per-key -2 is invalid"),
         (["--max-body-mb", "0"], "--max-body-mb 0 is invalid"),
         (["--max-batch", "0"], "--max-batch 0 is invalid"),
+        (["--adapt-budget", "0"], "--adapt-budget 0 is invalid"),
+        (["--adapt-buffer", "0"], "--adapt-buffer 0 is invalid"),
+        (["--adapt", "key", "--k", "4", "--drafter", "ngram"], "--adapt key adapts the heads"),
     ],
 )
 def test_bad_serve_options_are_one_sentence_before_any_model_loads(capsys, args, message):

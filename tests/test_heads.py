@@ -24,7 +24,7 @@ def _toy_heads(lm: ToyLM, n_heads: int = 2, seed: int = 0) -> Heads:
     with torch.no_grad():  # random blocks, so that heads differ from one another
         heads.module.blocks.weight.normal_(0, 1.0)
         heads.module.out.weight.normal_(0, 1.0)
-    heads.trained()
+    heads.publish()
     return heads
 
 

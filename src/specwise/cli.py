@@ -213,6 +213,7 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     _apply_pair(a)
     names = _drafter_names(a)
     options = _drafter_options(a, names)
+    adapter = _adapter(a, names, options)
     need_draft = any(n in DRAFT_MODEL for n in names)
     target, draft = _load_models(
         a, need_draft=need_draft, max_sequences=max_sequences, hidden="heads" in names
@@ -230,11 +231,30 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
         from specwise.controller import Controller
 
         controller = Controller.calibrated(target, drafters)
-    engine = Engine(target, drafters, k=a.k, trace=trace, controller=controller)
+    engine = Engine(target, drafters, k=a.k, trace=trace, controller=controller, learner=adapter)
     for d in drafters:  # what binding found, e.g. a draft model with another tokenizer
         if getattr(d, "note", None):
             print(f"specwise: {d.name} drafter: {d.note}", file=sys.stderr)
     return engine
+
+
+def _adapter(a: argparse.Namespace, names: list[str], options: dict[str, dict]):
+    """The `Adapter` of serve --adapt (None when off), given to the heads drafter's options."""
+    mode = getattr(a, "adapt", "off")  # only serve has --adapt
+    if mode == "off":
+        return None
+    if "heads" not in names:
+        raise UsageError(
+            f"--adapt {mode} adapts the heads drafter; name it in --drafter (e.g. --drafter "
+            f"heads, or --k auto --drafter ngram,suffix,heads)"
+        )
+    from specwise.adapt import Adapter
+
+    adapter = Adapter(
+        options["heads"]["heads"], scope=mode, budget=a.adapt_budget, capacity=a.adapt_buffer
+    )
+    options["heads"]["adapter"] = adapter
+    return adapter
 
 
 def _save_memory(a: argparse.Namespace, engine) -> None:
@@ -730,6 +750,12 @@ def cmd_serve(a: argparse.Namespace) -> int:
             raise UsageError(f"{name} {getattr(a, flag)} is invalid; use an integer >= 0")
     if not a.max_body_mb > 0:
         raise UsageError(f"--max-body-mb {a.max_body_mb:g} is invalid; use MiB > 0")
+    if not 0 < a.adapt_budget <= 1:
+        raise UsageError(
+            f"--adapt-budget {a.adapt_budget:g} is invalid; use a share of one core, 0 < x <= 1"
+        )
+    if a.adapt_buffer < 1:
+        raise UsageError(f"--adapt-buffer {a.adapt_buffer} is invalid; use positions >= 1")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
@@ -763,6 +789,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         max_prompt=a.max_prompt,
         max_new_tokens=a.max_new_tokens,
         streams_per_key=a.streams_per_key,
+        adapter=engine.learner,
     )
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
@@ -1155,6 +1182,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--cors", action="append", default=[], help="allowed CORS origin (repeatable)")
     s.add_argument("--trace", help="append every round of every request as JSON lines here")
+    s.add_argument(
+        "--adapt",
+        choices=["off", "key", "global"],
+        default="off",
+        help="keep training the heads drafter on the traffic served (online speculative "
+        "decoding), in a background thread: key: one adapted copy per API key, global: one "
+        "for all requests (default off)",
+    )
+    s.add_argument(
+        "--adapt-budget",
+        type=float,
+        default=0.1,
+        help="share of one core the adaptation may use (0.1)",
+    )
+    s.add_argument(
+        "--adapt-buffer",
+        type=int,
+        default=8192,
+        help="served positions each adapted copy keeps to learn from, the newest (8192)",
+    )
     s.set_defaults(func=cmd_serve)
 
     h = sub.add_parser("heads", help="drafting heads on the target's hidden states")

@@ -40,6 +40,8 @@ from specwise.drafters.heads import Heads, heads_path, model_key
 from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = [
+    "ASKS",
+    "SHIFTED",
     "Data",
     "choose_vocab",
     "corpus_prompts",
@@ -47,6 +49,7 @@ __all__ = [
     "generate",
     "load_data",
     "run",
+    "soft_loss",
     "train",
 ]
 
@@ -61,6 +64,12 @@ ASKS = (
     "hints:\n```python\n{src}\n```",
     "Write pytest unit tests for this function:\n```python\n{src}\n```",
     "Summarize this documentation in two or three sentences:\n\n{doc}",
+)
+# A way of asking that `heads train` never uses: the workload on which `bench adapt` measures
+# how the heads adapt to traffic they were not trained for.
+SHIFTED = (
+    "Rewrite this Python function in JavaScript, with the same behaviour and a JSDoc "
+    "comment:\n```python\n{src}\n```",
 )
 
 
@@ -83,9 +92,13 @@ def _bench_shingles() -> set[tuple[str, ...]]:
     return out
 
 
-def corpus_prompts(limit: int, seed: int = 0, root: Path | None = None) -> list[str]:
+def corpus_prompts(
+    limit: int, seed: int = 0, root: Path | None = None, asks: Sequence[str] = ASKS
+) -> list[str]:
     """Up to `limit` prompts about functions of the standard library at `root` (this
-    interpreter's), shuffled by `seed`; none shares a run of SHINGLE words with a bench prompt."""
+    interpreter's), each asked one of the ways of `asks` (format strings over the function's
+    name, sig, doc and src), shuffled by `seed`; none shares a run of SHINGLE words with a
+    bench prompt."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     files = sorted(
         p
@@ -110,7 +123,7 @@ def corpus_prompts(limit: int, seed: int = 0, root: Path | None = None) -> list[
             if not doc or not src or not 3 <= src.count("\n") <= 40 or len(doc) < 40:
                 continue
             sig = f"({ast.unparse(node.args)})"
-            ask = ASKS[rng.randrange(len(ASKS))]
+            ask = asks[rng.randrange(len(asks))]
             text = ask.format(name=node.name, sig=sig, doc=" ".join(doc.split()), src=src)
             if _shingles(text) & banned:
                 continue
@@ -300,6 +313,19 @@ def _dense(red: np.ndarray, probs: np.ndarray, rows: np.ndarray, width: int):
     return torch.where(total > 0, out / total.clamp(min=1e-12), out)
 
 
+def soft_loss(logits, target):
+    """The heads' loss: mean cross-entropy of their logits [B, H, N] against label
+    distributions [B, H, N] (torch tensors) over the (row, head) pairs whose label has mass;
+    None where none has. (A one-hot label is a token the target emitted.)"""
+    import torch
+
+    has = target.sum(dim=-1) > 0  # [B, H]
+    if not bool(has.any()):
+        return None
+    logp = torch.log_softmax(logits[has], dim=-1)
+    return -(target[has] * logp).sum() / int(has.sum())
+
+
 def train(
     heads: Heads,
     data: Data,
@@ -335,25 +361,15 @@ def train(
         t0 = time.perf_counter()
         for b in range(0, len(order), batch):
             rows = order[b : b + batch]
-            h = hidden[rows].float()
-            logits = module(h)  # [B, H, N]
             lab = label[rows]  # [B, H]
-            loss = torch.zeros(())
-            count = 0
+            target = torch.zeros(len(rows), heads.n_heads, len(heads.ids))
             for i in range(heads.n_heads):
                 ok = lab[:, i] >= 0
-                if not ok.any():
-                    continue
-                target = _dense(red, probs, lab[ok, i], len(heads.ids))
-                keep = target.sum(dim=1) > 0
-                if not keep.any():
-                    continue
-                logp = torch.log_softmax(logits[torch.from_numpy(ok)][:, i], dim=-1)
-                loss = loss - (target[keep] * logp[keep]).sum()
-                count += int(keep.sum())
-            if count == 0:
+                if ok.any():
+                    target[torch.from_numpy(ok), i] = _dense(red, probs, lab[ok, i], len(heads.ids))
+            loss = soft_loss(module(hidden[rows].float()), target)
+            if loss is None:
                 continue
-            loss = loss / count
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -374,7 +390,7 @@ def train(
             break
     bar.close()
     module.eval()
-    heads.trained()
+    heads.publish()
     return {
         "epochs": epoch,
         "train_positions": len(fit),

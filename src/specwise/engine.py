@@ -13,7 +13,7 @@ One round (`Engine.step`) for every running request:
              rule of `lossy`, which then flags its every round);
 4. commit  — roll the target cache back to the committed tokens (keep the accepted path of a
              tree), tell the drafter, and cut the emission at EOS, a stop string or max_tokens;
-5. record  — one RoundTrace per request.
+5. record  — one RoundTrace per request (and, to a learner, the target's hidden state).
 
 With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
 when plain decoding is expected to be faster) and learns from the outcome; otherwise k is fixed.
@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,8 +114,10 @@ class Engine:
 
     drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
     "auto" for the goodput `controller`, which k="auto" needs (`Controller.calibrated` reads
-    or measures this machine's costs). Constructing an Engine touches no disk and measures
-    nothing."""
+    or measures this machine's costs); learner: shown the target's hidden state after every
+    round of every request and each finished request (`observe(req, position, hidden)`,
+    `finish(req)`: `specwise.adapt.Adapter`, which adapts drafting heads to the traffic).
+    Constructing an Engine touches no disk and measures nothing."""
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class Engine:
         *,
         trace: JsonlSink | None = None,
         controller: Controller | None = None,
+        learner: Any = None,
     ) -> None:
         drafters = (
             []
@@ -143,6 +147,7 @@ class Engine:
         self.drafters = drafters
         self.k: int | str = k if drafters else 0
         self.trace = trace
+        self.learner = learner
         for d in drafters:
             d.bind(target)
         self.controller: Controller | None = None
@@ -239,6 +244,7 @@ class Engine:
         overhead. If it raises, the request's caches are released."""
         if budget is not None and budget < 1:
             raise ValueError(f"a prefill budget of {budget} tokens is invalid; use >= 1")
+        req.tenant = tenant
         prompt, seq, start = req.context[: req.n_prompt], req.seq, req.prefilled
         end = req.n_prompt if budget is None else min(req.n_prompt, start + budget)
         t0 = time.perf_counter()
@@ -284,6 +290,7 @@ class Engine:
                 self.controller.forget(req.id)
         if req.finish_reason is None:
             req.finish_reason = "cancelled"
+        self._tell_learner("finish", req)
         total_ms = (req.ended - req.arrival) * _ms
         summary = summarize(
             req.rounds,
@@ -645,6 +652,9 @@ class Engine:
         )
         r.rounds.append(rt)
         r.clock = now
+        if self.learner is not None:
+            seq = r.seq
+            self._tell_learner("observe", r, self.target.length(seq) - 1, self.target.hidden(seq))
         line: RoundTrace | dict = rt
         if r.inspect and logits is not None:
             n = p.emitted
@@ -670,6 +680,16 @@ class Engine:
             except Exception as exc:
                 log.warning("the trace sink failed, tracing no more: %s", exc)
                 self.trace = None
+
+    def _tell_learner(self, what: str, *args) -> None:
+        """Call the learner; one that fails is logged and dropped, the round stands."""
+        if self.learner is None:
+            return
+        try:
+            getattr(self.learner, what)(*args)
+        except Exception as exc:
+            log.warning("the learner failed, learning no more: %s", exc)
+            self.learner = None
 
     def _verify(self, r: Request, d: Draft, logits: np.ndarray) -> Verdict:
         """logits [k+1, V] -> the acceptance rule's verdict (a tree draft's: point masses,

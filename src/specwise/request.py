@@ -34,6 +34,7 @@ class Request:
     k: int | str | None = None  # this request's own k (None: the engine's)
     only: str | None = None  # this request's only drafter (None: any of the engine's)
     acceptance: str = "exact"  # the acceptance rule: exact, or a lossy one (`lossy`)
+    tenant: str | None = None  # whose request (`Engine.prefill`), for what learns across requests
     ended: float | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token (params.logprobs)
     # Inspection (`detail.round_detail`, for the trace inspector): one detail per round, and

@@ -112,27 +112,31 @@ class Heads:
     def logits(self, h: np.ndarray, n: int | None = None) -> np.ndarray:
         """[hidden_size] -> [n, len(ids)] float32: the logits over `ids` of the first n heads
         (all by default; the others' weights are not read). Runs in bfloat16 (the products
-        are memory-bound: half the bytes), from a copy of the weights made at the first call
-        after training."""
+        are memory-bound: half the bytes), from the copy of the weights that `publish` made
+        (at the first call, if none was)."""
         import torch
 
         if self._fast is None:
-            self._fast = self.module.inference_copy()
+            self.publish()
+        fast = self._fast  # one read: a swap meanwhile changes the next call's weights
         with torch.inference_mode():
             x = torch.from_numpy(np.asarray(h, dtype=np.float32)).to(torch.bfloat16)
-            return self._fast(x, n).float().numpy()
+            return fast(x, n).float().numpy()
 
     def ready(self) -> None:
-        """Make the bfloat16 copy and run each head count once (the CPU library prepares its
+        """Make the bfloat16 copy (`publish`) and run each head count once (the CPU library prepares its
         kernels at a shape's first product): that work belongs to loading, not to a request's
         first rounds."""
+        self.publish()
         zero = np.zeros(self.hidden_size, dtype=np.float32)
         for n in range(1, self.n_heads + 1):
             self.logits(zero, n)
 
-    def trained(self) -> None:
-        """The weights changed: the next `logits` copies them again."""
-        self._fast = None
+    def publish(self) -> None:
+        """The weights changed (training): copy them into the bfloat16 copy that `logits`
+        runs, built aside and swapped in by one assignment, so a `logits` call running on
+        another thread meanwhile reads the old weights or the new, never a mix."""
+        self._fast = self.module.inference_copy()
 
     def save(self, path: str | Path) -> None:
         """Write the heads to `path` (a .pt file), atomically."""
@@ -216,16 +220,18 @@ def _module_class():
 
 @register("heads")
 class HeadsDrafter:
-    """HeadsDrafter(heads): drafts with trained `Heads` on the hidden states of the target it
-    is bound to (a target built with hidden states: `LM.hidden_size`)."""
+    """HeadsDrafter(heads, adapter=None): drafts with trained `Heads` on the hidden states of
+    the target it is bound to (a target built with hidden states: `LM.hidden_size`); with an
+    `adapter` (`specwise.adapt.Adapter`), with the heads it adapted for each request's tenant."""
 
     name = "heads"
     # Not cheap: a proposal costs a few percent of a target step (memory-bound products), so
     # the controller decides first and the heads run only in the rounds it gives them.
     cheap = False
 
-    def __init__(self, heads: Heads) -> None:
+    def __init__(self, heads: Heads, adapter: Any = None) -> None:
         self.heads = heads
+        self.adapter = adapter
         self.max_tokens = heads.n_heads  # one token a head
         self.fingerprint = (
             f"heads:{heads.meta.get('key', 'unsaved')}:{heads.meta.get('trained', '')}"
@@ -268,8 +274,9 @@ class HeadsDrafter:
         h = self._target.hidden(seq)
         if h is None:  # the target's last forward did not end where the context does
             return Draft([], None)
-        logits = self.heads.logits(h, min(k, self.heads.n_heads))  # [n, N]
-        ids = self.heads.ids
+        heads = self.heads if self.adapter is None else self.adapter.heads_for(seq)
+        logits = heads.logits(h, min(k, heads.n_heads))  # [n, N]
+        ids = heads.ids
         tokens: list[int] = []
         conf: list[float] = []
         qs: list[np.ndarray] = []
@@ -280,7 +287,7 @@ class HeadsDrafter:
             else:
                 q = warp(row, params)  # [N]
                 x = sampler.categorical(q)
-                full = np.zeros(self.heads.vocab_size)
+                full = np.zeros(heads.vocab_size)
                 full[ids] = q
                 qs.append(full)
                 conf.append(float(q[x]))

@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -35,6 +35,9 @@ from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
 from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT, Job, QueueFull, Scheduler
 from specwise.trace import rss_mb
+
+if TYPE_CHECKING:
+    from specwise.adapt import Adapter
 
 __all__ = ["create_app"]
 
@@ -59,11 +62,13 @@ def create_app(
     max_prompt: int = 0,
     max_new_tokens: int = 0,
     streams_per_key: int = 0,
+    adapter: Adapter | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over `engine`. Limits (0: none beyond the model's context):
     `max_prompt` prompt tokens, `max_new_tokens` a request may ask for (the default of a
     request that names none is cut to it), `streams_per_key` requests of one API key queued
-    or running at once (with `api_keys` only; 429 past it)."""
+    or running at once (with `api_keys` only; 429 past it). `adapter`: the engine's learner
+    adapting its heads (`serve --adapt`), whose training thread runs while the app does."""
     metrics = Metrics()
     state: dict[str, Scheduler] = {}
 
@@ -76,8 +81,12 @@ def create_app(
             prefill_chunk=prefill_chunk,
             whole_prompt=whole_prompt,
         )
+        if adapter is not None:
+            adapter.start()
         yield
         state.pop("scheduler").close()
+        if adapter is not None:
+            adapter.close()
 
     app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.metrics = metrics
@@ -137,10 +146,14 @@ def create_app(
         for d in engine.drafters:
             if d.name == "suffix":
                 out["suffix_memory_bytes"] = sum(m.nbytes for m in d.memories.values())
+        if adapter is not None:
+            out["adapt"] = {"scope": adapter.scope, "busy": adapter.busy(), **adapter.stats()}
         return out
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        if adapter is not None:
+            metrics.observe_adapter(adapter.stats())
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

@@ -47,6 +47,28 @@ class Metrics:
             ["drafter", "position"],
             registry=r,
         )
+        self.proposed_at = Counter(
+            "specwise_proposed_by_position",
+            "Proposed draft tokens by draft position (accepted / proposed: the acceptance rate "
+            "at a position)",
+            ["drafter", "position"],
+            registry=r,
+        )
+        self.adapt_steps = Counter(
+            "specwise_adapt_steps",
+            "Training steps of the adapting heads (serve --adapt)",
+            registry=r,
+        )
+        self.adapt_swaps = Counter(
+            "specwise_adapt_swaps", "Adapted weights swapped into the drafter", registry=r
+        )
+        self.adapt_examples = Counter(
+            "specwise_adapt_examples", "Positions of served requests learnt from", registry=r
+        )
+        self.adapt_loss = Gauge(
+            "specwise_adapt_loss", "Moving average of the adapting heads' training loss", registry=r
+        )
+        self._adapt_seen = {"steps": 0, "swaps": 0, "examples": 0}
         self.draft_seconds = Counter("specwise_draft_seconds", "Time spent drafting", registry=r)
         self.verify_seconds = Counter(
             "specwise_verify_seconds", "Time in target forwards", registry=r
@@ -63,6 +85,8 @@ class Metrics:
             self.drafts.labels(name).inc()
             for i in range(rt.accepted):
                 self.accepted_at.labels(name, str(i)).inc()
+            for i in range(rt.reach):
+                self.proposed_at.labels(name, str(i)).inc()
         if rt.emitted and not first:
             per = rt.round_ms / 1000.0 / rt.emitted
             for _ in range(rt.emitted):
@@ -72,6 +96,18 @@ class Metrics:
         """Once per round of the whole batch (its times are shared by the batch)."""
         self.draft_seconds.inc(draft_ms / 1000.0)
         self.verify_seconds.inc(verify_ms / 1000.0)
+
+    def observe_adapter(self, stats: dict) -> None:
+        """The adapter's totals now (`Adapter.stats`), before a render."""
+        for name, counter in (
+            ("steps", self.adapt_steps),
+            ("swaps", self.adapt_swaps),
+            ("examples", self.adapt_examples),
+        ):
+            counter.inc(max(0, stats[name] - self._adapt_seen[name]))
+            self._adapt_seen[name] = stats[name]
+        if stats["loss"] is not None:
+            self.adapt_loss.set(stats["loss"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,215 @@
+"""Online adaptation of the heads (`specwise.adapt`): the examples served requests become, the
+training thread that learns from them and swaps the weights in, exactness while it does, and
+keeping tenants apart."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from specwise import Engine, SamplingParams
+from specwise.adapt import Adapter, Replay
+from specwise.drafters.heads import Heads, HeadsDrafter
+from specwise.oracle import plain_decode
+from toy import ToyLM
+
+
+def _setup(scope="global", **kw):
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
+    heads = Heads(target.hidden_size, 2, list(range(6)), 6, seed=0)
+    heads.ready()
+    adapter = Adapter(heads, scope=scope, **kw)
+    engine = Engine(target, HeadsDrafter(heads, adapter), k=2, learner=adapter)
+    return target, heads, adapter, engine
+
+
+def _prompts(n, offset=0):
+    return [[(i * j + j + offset) % 6 for j in range(5)] for i in range(n)]
+
+
+def _serve(engine, prompt, params, tenant):
+    req = engine.start(prompt, params, tenant=tenant)
+    while not req.done:
+        engine.step([req])
+    return engine.finish(req)
+
+
+def _wait(adapter, timeout=60.0):
+    end = time.monotonic() + timeout
+    while adapter.busy():
+        assert time.monotonic() < end, adapter.stats()
+        time.sleep(0.05)
+
+
+def test_replay_keeps_the_newest_examples():
+    r = Replay(3, 2, 1)
+    r.add(np.arange(8).reshape(4, 2), np.array([[0], [1], [2], [3]]))
+    assert r.size == 3 and r.added == 4
+    assert sorted(r.labels[:, 0].tolist()) == [1, 2, 3]
+    r.add(np.zeros((1, 2)), np.array([[5]]))
+    assert sorted(r.labels[:, 0].tolist()) == [2, 3, 5]
+    h, lab = r.sample(10, np.random.default_rng(0))
+    assert h.shape == (10, 2) and set(lab[:, 0].tolist()) <= {2, 3, 5}
+
+
+def test_a_finished_request_becomes_examples_labelled_with_the_tokens_after_each_state():
+    _target, _heads, adapter, engine = _setup()
+    prompt = [0, 3, 1, 4]
+    res = engine.generate(prompt, SamplingParams(max_tokens=12))
+    ctx = prompt + res.tokens
+    replay = adapter._tenants[None].replay
+    assert replay.size == adapter.examples > 0
+    for h, lab in zip(replay.hidden[: replay.size], replay.labels[: replay.size], strict=True):
+        # the toy's state is the one-hot code of the last two tokens: it names its position
+        a, b = divmod(int(np.argmax(h)), 6)
+        p = next(
+            p for p in range(1, len(ctx)) if (ctx[p - 1], ctx[p]) == (a, b) and p >= len(prompt) - 1
+        )
+        want = [ctx[p + 1 + i] if p + 1 + i < len(ctx) else -1 for i in (1, 2)]
+        assert lab.tolist() == want
+    assert adapter._states == {} and adapter._seqs == {}  # nothing kept of the request
+
+
+def test_a_cancelled_request_teaches_nothing():
+    _target, _heads, adapter, engine = _setup()
+    req = engine.start([0, 3, 1, 4], SamplingParams(max_tokens=12))
+    engine.step([req])
+    engine.finish(req)  # cancelled
+    assert adapter.examples == 0 and adapter._states == {}
+
+
+def test_adapting_raises_acceptance_and_greedy_output_stays_plain():
+    target, heads, adapter, engine = _setup(budget=1.0, lr=0.05, passes=40, swap_every=5)
+    greedy = SamplingParams(max_tokens=24)
+    probe = [[0, 3, 1, 4], [5, 2, 2, 1]]
+    before = [engine.generate(p, greedy).summary for p in probe]
+    adapter.start()
+    try:
+        for p in _prompts(40):
+            res = engine.generate(p, greedy)
+            assert res.tokens == plain_decode(target, p, greedy)  # exact while it adapts
+        _wait(adapter)
+    finally:
+        adapter.close()
+    assert adapter.stats()["steps"] > 0 and adapter.stats()["swaps"] > 0
+    assert adapter.heads_for(10**6) is not heads  # the adapted copy
+    after = [engine.generate(p, greedy) for p in probe]
+    for p, res in zip(probe, after, strict=True):
+        assert res.tokens == plain_decode(target, p, greedy)
+    rate = lambda ss: sum(s.accepted for s in ss) / sum(s.proposed for s in ss)  # noqa: E731
+    assert rate([r.summary for r in after]) > max(0.6, 1.5 * rate(before))
+    np.testing.assert_array_equal(  # the trained heads were not touched
+        heads.module.out.weight.detach().numpy(),
+        Heads(target.hidden_size, 2, list(range(6)), 6, seed=0).module.out.weight.detach().numpy(),
+    )
+
+
+def test_without_traffic_the_thread_does_no_work():
+    _target, _heads, adapter, engine = _setup(budget=1.0, passes=2)
+    adapter.start()
+    try:
+        engine.generate([0, 3, 1, 4], SamplingParams(max_tokens=20))
+        _wait(adapter)
+        steps = adapter.steps
+        assert steps > 0
+        time.sleep(0.3)
+        assert adapter.steps == steps and not adapter.busy()
+    finally:
+        adapter.close()
+
+
+def test_per_key_adaptation_keeps_tenants_apart_and_drops_the_least_recent():
+    _target, heads, adapter, engine = _setup(scope="key", budget=1.0, tenants=2)
+    greedy = SamplingParams(max_tokens=16)
+    adapter.start()
+    try:
+        for tenant in ("a", "b"):
+            _serve(engine, [0, 3, 1, 4], greedy, tenant)
+        _wait(adapter)
+        a, b = adapter._tenants["a"].heads, adapter._tenants["b"].heads
+        assert a is not None and b is not None and a is not b
+        req = engine.start([2, 2, 1], greedy, tenant="c")  # a new tenant drafts with the trained
+        assert adapter.heads_for(req.seq) is heads
+        while not req.done:
+            engine.step([req])
+        engine.finish(req)
+        assert list(adapter._tenants) == ["b", "c"]  # "a" was the least recently served
+    finally:
+        adapter.close()
+
+
+def test_global_scope_shares_one_copy_across_tenants():
+    _target, _heads, adapter, engine = _setup(scope="global")
+    for tenant in ("a", "b"):
+        _serve(engine, [0, 3, 1, 4], SamplingParams(max_tokens=8), tenant)
+    assert list(adapter._tenants) == [None]
+
+
+def test_a_learner_that_fails_is_dropped_and_the_request_goes_on(caplog):
+    class Broken:
+        def observe(self, *args):
+            raise RuntimeError("boom")
+
+    target = ToyLM(vocab=6, seed=2, hidden=True)
+    engine = Engine(target, learner=Broken())
+    prompt = [0, 3, 1, 4]
+    res = engine.generate(prompt, SamplingParams(max_tokens=8))
+    assert res.tokens == plain_decode(target, prompt, SamplingParams(max_tokens=8))
+    assert engine.learner is None and "learner failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"scope": "tenant"}, "scope 'tenant' is invalid"),
+        ({"budget": 0.0}, "budget of 0 is invalid"),
+        ({"budget": 1.5}, "budget of 1.5 is invalid"),
+        ({"capacity": 0}, "capacity of 0 is invalid"),
+    ],
+)
+def test_bad_settings_are_one_clear_error(kw, words):
+    heads = Heads(4, 1, [0, 1], 2)
+    with pytest.raises(ValueError, match=words):
+        Adapter(heads, **kw)
+
+
+def test_the_server_adapts_per_key_and_reports_it(smollm2_path):
+    """`serve --adapt key` in small: two API keys, each request's positions go to its key's
+    copy, the thread learns from them, /health and /metrics say so; answers stay plain's."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from specwise.backends.llama_cpp import LlamaCppLM
+    from specwise.server.app import create_app
+
+    target = LlamaCppLM(smollm2_path, context_length=512, max_sequences=4, hidden=True)
+    heads = Heads(target.hidden_size, 2, list(range(1024)), target.vocab_size, seed=0)
+    adapter = Adapter(heads, scope="key", budget=1.0)
+    engine = Engine(target, HeadsDrafter(heads, adapter), k=2, learner=adapter)
+    app = create_app(engine, "smol", api_keys=["k1", "k2"], adapter=adapter)
+    body = {"model": "smol", "prompt": "Count from one to ten in words.", "max_tokens": 24}
+    with TestClient(app) as client:
+        texts = {}
+        for key, k in (("k1", 2), ("k2", 2), ("k1", 0)):
+            got = client.post(
+                "/v1/completions",
+                json={**body, "temperature": 0, "speculative": {"k": k}},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert got.status_code == 200, got.text
+            texts.setdefault(k, set()).add(got.json()["choices"][0]["text"])
+        assert texts[2] == texts[0]  # drafting with the heads, adapting or not, changes nothing
+        _wait(adapter)
+        health = client.get("/health").json()["adapt"]
+        assert health["scope"] == "key" and health["tenants"] == 2
+        assert health["steps"] > 0 and health["examples"] > 0 and health["error"] is None
+        metrics = {
+            s.name: s.value
+            for f in text_string_to_metric_families(client.get("/metrics").text)
+            for s in f.samples
+        }
+        assert metrics["specwise_adapt_examples_total"] == health["examples"]
+        assert metrics["specwise_adapt_steps_total"] == health["steps"]
+    assert not adapter._thread.is_alive()  # the app's end stopped it
