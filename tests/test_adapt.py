@@ -213,3 +213,31 @@ def test_the_server_adapts_per_key_and_reports_it(smollm2_path):
         assert metrics["specwise_adapt_examples_total"] == health["examples"]
         assert metrics["specwise_adapt_steps_total"] == health["steps"]
     assert not adapter._thread.is_alive()  # the app's end stopped it
+
+
+def test_bench_adapt_reports_windows_and_the_last_over_the_first():
+    from specwise.bench.adapt import table
+
+    rows = []
+    for i in range(100):
+        for c, acc in (("plain", 0), ("heads", 2), ("heads+adapt", 2 if i < 50 else 6)):
+            rows.append(
+                {
+                    "index": i,
+                    "config": c,
+                    "proposed": 0 if c == "plain" else 10,
+                    "accepted": acc,
+                    "speedup": 1.0 if c == "plain" else 1.0 + acc / 10,
+                    "tokens_per_s": 20.0,
+                    "same_as_plain": not (c == "heads" and i in (7, 8)),
+                    "near_tie": i == 7,
+                }
+            )
+    meta = {"model": "m", "backend": "b", "k": 1, "max_tokens": 8, "temperature": 0.0}
+    meta |= {"budget": 0.1, "steps": 5, "swaps": 1, "examples": 99}
+    text = "\n".join(table(rows, meta))
+    assert "| 1–50 | 0.200 | 0.200 | 1.20x | 1.20x | 20.0 |" in text
+    assert "| 51–100 | 0.200 | 0.600 | 1.20x | 1.60x | 20.0 |" in text
+    assert "heads+adapt: acceptance over requests 51–100 is 3.00x that over 1–50" in text
+    assert "heads: acceptance over requests 51–100 is 1.00x" in text
+    assert "differing from plain: heads 2 (1 at a near-tie), heads+adapt 0 (0 at a" in text

@@ -97,10 +97,10 @@ class Adapter:
         scope: str = "global",
         budget: float = 0.1,
         capacity: int = 8192,
-        batch: int = 64,
-        lr: float = 3e-4,
+        batch: int = 128,
+        lr: float = 1e-3,
         passes: float = 4.0,
-        swap_every: int = 20,
+        swap_every: int = 8,
         tenants: int = 4,
         seed: int = 0,
     ) -> None:
@@ -126,6 +126,8 @@ class Adapter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._go = threading.Event()  # cleared: paused
+        self._go.set()
         self._thread: threading.Thread | None = None
         self.steps = self.swaps = self.examples = 0  # totals, for /metrics
         self.loss: float | None = None  # moving average of the training loss
@@ -191,8 +193,17 @@ class Adapter:
         """Stop the training thread (its step in progress finishes first)."""
         self._stop.set()
         self._wake.set()
+        self._go.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def pause(self) -> None:
+        """Hold the training thread after its step in progress (a benchmark charges its CPU
+        time to the engine that adapts, and to no other)."""
+        self._go.clear()
+
+    def resume(self) -> None:
+        self._go.set()
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -230,6 +241,7 @@ class Adapter:
         torch.set_num_threads(1)  # this thread's products on one core (a per-thread setting)
         rng = np.random.default_rng(self.seed)
         while not self._stop.is_set():
+            self._go.wait()
             tenant = self._due()
             if tenant is None:
                 self._publish()

@@ -59,7 +59,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        help="drafters, comma separated (model, ngram, suffix, suffix-chain); default with --k "
+        help="drafters, comma separated (model, ngram, suffix, suffix-chain, heads); default "
+        "with --k "
         "auto: ngram "
         "and suffix, plus model with --draft; with a fixed k: model with --draft, else ngram",
     )
@@ -366,6 +367,35 @@ def _bench_load(a: argparse.Namespace) -> int:
     return 0 if all(c["ok"] for c in result["checks"]) else 1
 
 
+def _bench_adapt(a: argparse.Namespace) -> int:
+    from specwise.bench import adapt
+    from specwise.bench.session import default_out
+
+    if a.requests < 1 or not 1 <= a.k <= 8 or a.max_tokens < 1:
+        raise UsageError("--requests and --max-tokens need integers >= 1, --k an integer 1..8")
+    if not 0 < a.budget <= 1:
+        raise UsageError(f"--budget {a.budget:g} is invalid; use a share of one core, 0 < x <= 1")
+    if a.temperature < 0:
+        raise UsageError(f"--temperature {a.temperature:g} is invalid; use >= 0")
+    heads = _trained_heads(a)
+    target, _ = _load_models(a, need_draft=False, hidden=True)
+    out = Path(a.out) if a.out else default_out("-adapt")
+    lines = adapt.run(
+        target,
+        heads,
+        out,
+        requests=a.requests,
+        k=a.k,
+        max_tokens=a.max_tokens,
+        temperature=a.temperature,
+        budget=a.budget,
+        progress=lambda s: print(f"specwise: {s}", file=sys.stderr),
+    )
+    print("\n".join(lines))
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
 def _bench_engines(a: argparse.Namespace) -> int:
     from specwise.bench.engines import ENGINES, EnginesOptions, run_engines
     from specwise.bench.session import default_out
@@ -499,6 +529,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print("\n".join(lines))
         print(f"written to {out}", file=sys.stderr)
         return 0
+    if a.bench_command == "adapt":
+        return _bench_adapt(a)
     if a.bench_command == "backend":
         from specwise.bench.backend import run_backend_bench
 
@@ -983,6 +1015,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens added to that memory, a request's worth at a time (40M)",
     )
     bs.add_argument("--out", help="output folder (default bench-results/<timestamp>-suffix)")
+    ba = bsub.add_parser(
+        "adapt",
+        help="the heads drafter on requests it was not trained for, as trained and adapting "
+        "(serve --adapt), against plain decoding, request after request",
+    )
+    ba.add_argument("--pair", help="catalog pair whose target the heads are for")
+    ba.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    ba.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
+    ba.add_argument("--threads", type=int, help="threads (default: the cores)")
+    ba.set_defaults(draft=None, exact=False)
+    ba.add_argument("--requests", type=int, default=200, help="requests, each run three ways (200)")
+    ba.add_argument("--k", type=int, default=1, help="tokens the heads draft a round (1)")
+    ba.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
+    ba.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
+    ba.add_argument(
+        "--budget", type=float, default=0.1, help="share of one core the adaptation may use (0.1)"
+    )
+    ba.add_argument("--out", help="output folder (default bench-results/<timestamp>-adapt)")
     be = bsub.add_parser(
         "engines",
         help="specwise and llama-server side by side on the same files and prompts, "

@@ -1,0 +1,216 @@
+"""`specwise bench adapt`: how the heads drafter adapts to traffic it was not trained for.
+
+The workload is `distill.SHIFTED`: standard-library functions to rewrite in JavaScript, a way
+of asking that `heads train` never uses. Each prompt is decoded, one after the other, by three
+engines on the same target, interleaved so that the machine's drift falls on all three alike:
+
+- `plain`: no drafter, the baseline of every ratio;
+- `heads`: the trained heads at a fixed k, as trained;
+- `heads+adapt`: the same heads with an `Adapter` (global scope, the server's defaults) whose
+  training thread runs only while this engine decodes, so its CPU time is charged to it alone.
+
+Per request: tokens, time, continuation speed (tokens after the first over their time: the
+prompt's prefill, the same for all three, left out), proposed and accepted draft tokens, and
+the speedup over plain on the same prompt; per window of `WINDOW` requests the acceptance rate (accepted over proposed)
+and the median speedup; and how often the outputs differ from plain (greedy: they must not,
+but at a near-tie, which a forward of two tokens may break otherwise than one of one token:
+`bench`'s divergence check, with its measured noise). After a warm-up of the plain and
+heads engines (not the adapting one, which learns from the run's requests alone). Written to
+the output folder as requests.jsonl, report.md and by_request.png.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specwise.adapt import Adapter
+from specwise.backends.base import LM
+from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
+from specwise.drafters.heads import Heads, HeadsDrafter
+from specwise.engine import Engine
+from specwise.sampling import SamplingParams
+
+__all__ = ["WINDOW", "run", "table"]
+
+WINDOW = 50  # requests per row of the report (the issue's first and last 50 of 200)
+CONFIGS = ("plain", "heads", "heads+adapt")
+
+
+def run(
+    target: LM,
+    heads: Heads,
+    out: Path,
+    requests: int = 200,
+    k: int = 1,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    budget: float = 0.1,
+    progress: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Decode `requests` shifted prompts with each configuration; write the folder's files and
+    return the report's lines."""
+    from tqdm import tqdm
+
+    from specwise.distill import SHIFTED, corpus_prompts
+
+    prompts = corpus_prompts(limit=requests, seed=1, asks=SHIFTED)
+    if len(prompts) < requests and progress is not None:
+        progress(f"the standard library gave {len(prompts)} prompts, not {requests}")
+    adapter = Adapter(heads, scope="global", budget=budget)
+    engines = {
+        "plain": Engine(target),
+        "heads": Engine(target, HeadsDrafter(heads), k=k),
+        "heads+adapt": Engine(target, HeadsDrafter(heads, adapter), k=k, learner=adapter),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    tok = target.tokenizer
+    warm = tok.render_chat([{"role": "user", "content": "Write a function that adds two numbers."}])
+    for name in ("plain", "heads"):  # the adapting engine's copy must learn from the run alone
+        engines[name].generate(warm, SamplingParams(max_tokens=8))
+    greedy = temperature == 0
+    noise = numeric_noise(target, warm) if greedy else None
+    near_tie = NEAR_TIE_FACTOR * noise["top2_gap"] if noise else 0.0
+    adapter.pause()
+    adapter.start()
+    try:
+        with open(out / "requests.jsonl", "w") as f:
+            for i, text in enumerate(tqdm(prompts, desc="bench adapt", unit="request")):
+                ids = tok.render_chat([{"role": "user", "content": text}])
+                params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i)
+                got = {}
+                for name, engine in engines.items():
+                    if name == "heads+adapt":
+                        adapter.resume()
+                    t = time.perf_counter()
+                    res = engine.generate(ids, params)
+                    seconds = time.perf_counter() - t
+                    adapter.pause()
+                    s = res.summary
+                    got[name] = res.tokens
+                    rows.append(
+                        {
+                            "index": i,
+                            "config": name,
+                            "tokens": len(res.tokens),
+                            "seconds": round(seconds, 4),
+                            "tokens_per_s": s.continuation_tokens_per_s,
+                            "proposed": s.proposed,
+                            "accepted": s.accepted,
+                            "adapt_steps": adapter.steps,
+                        }
+                    )
+                plain = rows[-len(engines)]
+                for r in rows[-len(engines) :]:
+                    both = r["tokens_per_s"] and plain["tokens_per_s"]  # None: one token
+                    r["speedup"] = (
+                        round(r["tokens_per_s"] / plain["tokens_per_s"], 4) if both else None
+                    )
+                    r["same_as_plain"] = got[r["config"]] == got["plain"]
+                    if greedy and not r["same_as_plain"]:  # outside the timed part
+                        div = greedy_divergence(
+                            target, ids, got["plain"], got[r["config"]], near_tie
+                        )
+                        r["near_tie"] = div["near_tie"]
+                    f.write(json.dumps(r) + "\n")
+    finally:
+        adapter.close()
+    meta = {
+        "model": Path(target.info.model).name,
+        "backend": target.info.backend,
+        "k": k,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "budget": budget,
+        "near_tie": near_tie,
+        **adapter.stats(),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    lines = table(rows, meta)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    _plot(rows, out / "by_request.png", temperature)
+    return lines
+
+
+def _rate(rows: Sequence[dict]) -> float | None:
+    proposed = sum(r["proposed"] for r in rows)
+    return sum(r["accepted"] for r in rows) / proposed if proposed else None
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    kept = [x for x in xs if x is not None]
+    return float(np.median(kept)) if kept else None
+
+
+def _fmt(x: float | None, pattern: str) -> str:
+    return "—" if x is None else pattern.format(x)
+
+
+def table(rows: Sequence[dict], meta: dict) -> list[str]:
+    """The report: per window of WINDOW requests, acceptance and median speedup over plain of
+    the heads as trained and adapting; then the last window's acceptance over the first's."""
+    n = 1 + max((r["index"] for r in rows), default=-1)
+    lines = [
+        f"# bench adapt: {meta['model']} ({meta['backend']}), heads k={meta['k']}, "
+        f"{meta['max_tokens']} tokens, T={meta['temperature']:g}, adaptation budget "
+        f"{meta['budget']:g} of a core",
+        "",
+        "| requests | acceptance, heads | acceptance, heads+adapt | speedup, heads | "
+        "speedup, heads+adapt | plain tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    windows = [range(a, min(n, a + WINDOW)) for a in range(0, n, WINDOW)]
+    rates = {}
+    for w in windows:
+        by = {c: [r for r in rows if r["config"] == c and r["index"] in w] for c in CONFIGS}
+        rates[w.start] = {c: _rate(by[c]) for c in CONFIGS[1:]}
+        speed = {c: _median([r["speedup"] for r in by[c]]) for c in CONFIGS[1:]}
+        plain = _median([r["tokens_per_s"] for r in by["plain"]])
+        lines.append(
+            f"| {w.start + 1}–{w.stop} | {_fmt(rates[w.start]['heads'], '{:.3f}')} | "
+            f"{_fmt(rates[w.start]['heads+adapt'], '{:.3f}')} | "
+            f"{_fmt(speed['heads'], '{:.2f}x')} | {_fmt(speed['heads+adapt'], '{:.2f}x')} | "
+            f"{_fmt(plain, '{:.1f}')} |"
+        )
+    lines.append("")
+    if len(windows) > 1:
+        first, last = rates[windows[0].start], rates[windows[-1].start]
+        for c in CONFIGS[1:]:
+            ratio = None if not first[c] or last[c] is None else last[c] / first[c]
+            lines.append(
+                f"- {c}: acceptance over requests {windows[-1].start + 1}–{windows[-1].stop} is "
+                f"{_fmt(ratio, '{:.2f}')}x that over 1–{windows[0].stop}"
+            )
+    differ = {c: [r for r in rows if r["config"] == c and not r["same_as_plain"]] for c in CONFIGS}
+    ties = {c: sum(bool(r.get("near_tie")) for r in differ[c]) for c in CONFIGS}
+    lines.append(
+        f"- outputs differing from plain: heads {len(differ['heads'])} ({ties['heads']} at a "
+        f"near-tie), heads+adapt {len(differ['heads+adapt'])} ({ties['heads+adapt']} at a "
+        f"near-tie) of {n}; {meta['steps']} training steps, {meta['swaps']} swaps, "
+        f"{meta['examples']} positions learnt from"
+    )
+    return lines
+
+
+def _plot(rows: Sequence[dict], path: Path, temperature: float, span: int = 10) -> None:
+    """by_request.png: each configuration's acceptance and median speedup over the last
+    `span` requests, against the request's place in the run."""
+    from specwise.bench.plots import by_request
+
+    series = {}
+    for c in CONFIGS[1:]:
+        mine = [r for r in rows if r["config"] == c]
+        series[f"{c} ({span}-request window)"] = [
+            {
+                "index": r["index"],
+                "speedup": _median([x["speedup"] for x in mine[max(0, i + 1 - span) : i + 1]]),
+                "acceptance_rate": _rate(mine[max(0, i + 1 - span) : i + 1]),
+            }
+            for i, r in enumerate(mine)
+        ]
+    by_request({f"T={temperature:g}": series}, path)
