@@ -116,7 +116,8 @@ def run(
                         div = greedy_divergence(
                             target, ids, got["plain"], got[r["config"]], near_tie
                         )
-                        r["near_tie"] = div["near_tie"]
+                        r |= {"near_tie": div["near_tie"], "top2_gap": div["top2_gap"]}
+                        r["diverged_at"] = div["position"]
                     f.write(json.dumps(r) + "\n")
     finally:
         adapter.close()
