@@ -54,8 +54,9 @@ external: $(STAMP)
 	$(PY) -m specwise.engines.llama_server build
 
 # ik_llama.cpp compiled for this CPU (the wheel's library is an AVX2 build), cached under
-# $SPECWISE_HOME/engines/ik_llama (minutes on 2 cores, once per machine); specwise then loads
-# it instead of the wheel's and measures its costs and its backend choice again.
+# $SPECWISE_HOME/engines/ik_llama (minutes on 2 cores, once per machine), then both libraries'
+# cost curves measured on the default target (a minute); specwise loads the native build
+# instead of the wheel's only where it measured faster (SPECWISE_IK_LIBRARY=wheel|native forces).
 native: $(STAMP)
 	$(PY) -m specwise.backends.ik_native build
 

@@ -1,8 +1,8 @@
-"""ik_llama.cpp built for this CPU (`ik_native`): where its build goes, that specwise prefers it to
-the wheel's library and keys every verdict by it, and that `build` installs only a library that
-loads. The build itself runs on a small CMake project of the test's own (the real one takes
-minutes: `make native`); where this machine has a real native build, every ik_llama test runs on
-it, since `ik_api.library_path` prefers it."""
+"""ik_llama.cpp built for this CPU (`ik_native`): where its build goes, that specwise loads it
+instead of the wheel's library only where `compare` measured it faster, and keys every verdict
+by it, and that `build` installs only a library that loads. The build itself runs on a small
+CMake project of the test's own (the real one takes minutes: `make native`); where this
+machine has a real native build measured faster, every ik_llama test runs on it."""
 
 from __future__ import annotations
 
@@ -60,28 +60,116 @@ def test_the_build_folder_is_keyed_by_this_cpu(home):
         assert "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in args
 
 
-def test_a_native_build_is_preferred_and_keys_its_own_verdicts(home, monkeypatch):
+def _fake_libraries(home, monkeypatch) -> Path:
+    """A fake wheel's library and a fake native build (files only); the wheel's path."""
     monkeypatch.setattr(ik_api, "_wheel_dir", lambda: home / "wheel")
     (home / "wheel" / "lib").mkdir(parents=True)
-    (home / "wheel" / "lib" / "libllama.so").write_bytes(b"wheel")
+    wheel = home / "wheel" / "lib" / "libllama.so"
+    wheel.write_bytes(b"wheel")
+    return wheel
+
+
+def _curves(plain: float, four: float) -> dict[int, float]:
+    return {1: plain, 2: plain * 1.2, 4: four, 8: four * 1.6, 16: four * 3}
+
+
+def test_a_native_build_measured_faster_is_loaded_and_keys_its_own_verdicts(home, monkeypatch):
+    wheel = _fake_libraries(home, monkeypatch)
     wheel_id = ik_api.library_id()
-    assert ik_api.library_path() == home / "wheel" / "lib" / "libllama.so"
+    assert ik_api.library_path() == wheel
     elsewhere = ik_native.install_dir().parent / f"{ik_api.WHEEL_VERSION}-x86_64-0123456789ab"
     elsewhere.mkdir(parents=True)  # a build for another CPU is never taken
     for name in ik_native.LIBRARIES:
         (elsewhere / name).write_bytes(b"other cpu")
-    assert ik_api.library_path() == home / "wheel" / "lib" / "libllama.so"
+    assert ik_api.library_path() == wheel
     ik_native.install_dir().mkdir(parents=True)
     (ik_native.install_dir() / "libllama.so").write_bytes(b"native")
     assert ik_native.find() is None  # half a build is no build
     (ik_native.install_dir() / "libggml.so").write_bytes(b"native")
-    assert ik_api.library_path() == ik_native.install_dir() / "libllama.so"
+    native = ik_native.install_dir() / "libllama.so"
+    assert ik_native.find() == native
+    assert ik_api.library_path() == wheel  # built, not yet measured: the wheel's
+    curves = {"wheel": _curves(30.0, 60.0), "native": _curves(30.0, 45.0)}
+    out = io.StringIO()
+    said = ik_native.compare(home / "m.gguf", measure=lambda w, t: curves[w], stream=out)
+    assert said["library"] == "native" and "cheaper verification" in said["reason"]
+    assert ik_native.verdict() == said and "native" in out.getvalue()
+    assert ik_api.library_path() == native
     assert ik_api.library_id() != wheel_id  # so probes, choices and costs are measured again
     model = home / "m.gguf"
     model.write_bytes(b"gguf")
     native_key = ik_llama._probe_key(model, True, False, False)
-    monkeypatch.setattr(ik_native, "find", lambda: None)
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "wheel")  # forced
+    assert ik_api.library_path() == wheel
     assert ik_llama._probe_key(model, True, False, False) != native_key
+
+
+def test_a_native_build_measured_slower_or_failing_is_not_loaded(home, monkeypatch):
+    wheel = _fake_libraries(home, monkeypatch)
+    ik_native.install_dir().mkdir(parents=True)
+    for name in ik_native.LIBRARIES:
+        (ik_native.install_dir() / name).write_bytes(b"native")
+    slower = {"wheel": _curves(30.0, 60.0), "native": _curves(33.0, 45.0)}
+    quiet = io.StringIO()
+    said = ik_native.compare(home / "m.gguf", measure=lambda w, t: slower[w], stream=quiet)
+    assert said["library"] == "wheel" and "faster in every round" in said["reason"]
+    assert ik_api.library_path() == wheel
+    # the plain steps swap places between rounds (the machine drifts): tied, verification decides
+    drift = iter([30.0, 33.0, 34.0, 31.0, 30.0, 29.0])
+    said = ik_native.compare(
+        home / "m.gguf",
+        rounds=3,
+        measure=lambda w, t: _curves(next(drift), 60.0 if w == "wheel" else 45.0),
+        stream=quiet,
+    )
+    assert said["library"] == "native"
+    assert "plain steps tied: native/wheel 0.97-1.10 over 3 rounds" in said["reason"]
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "native")  # forced: loaded all the same
+    assert ik_api.library_path() == ik_native.install_dir() / "libllama.so"
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "fastest")
+    with pytest.raises(ik_api.IkLibraryError, match="'fastest' is invalid; use wheel or native"):
+        ik_api.library_path()
+    monkeypatch.delenv(ik_api.LIBRARY_ENV)
+
+    def crashes(which, target):
+        if which == "native":
+            raise ik_native.BuildError("measuring the native library failed: SIGILL")
+        return slower["wheel"]
+
+    calls = []
+    said = ik_native.compare(
+        home / "m.gguf", measure=lambda w, t: calls.append(w) or crashes(w, t), stream=quiet
+    )
+    assert said["library"] == "wheel" and "SIGILL" in said["reason"]
+    assert calls == ["wheel", "native"] + ["wheel"] * (ik_native.ROUNDS - 1)  # not run again
+    with pytest.raises(ik_native.BuildError, match="neither library ran"):
+        ik_native.compare(home / "m.gguf", measure=lambda w, t: crashes("native", t), stream=quiet)
+
+
+def test_compare_measures_each_library_in_its_own_child(home, monkeypatch, gemma_path):
+    """The real path on a small model (the one ik_llama's tests run): a copy of the wheel's
+    library installed as the native build, each measured in child processes that load the
+    library they are told to."""
+    if not ik_llama.available():
+        pytest.skip("the ik-llama-cpp-python wheel is not installed here")
+    monkeypatch.delenv(ik_api.LIBRARY_ENV, raising=False)
+    wheel = ik_api._wheel_dir() / "lib"
+    # the wheel's libllama.so finds its libggml in $ORIGIN/../../ik_llama_cpp_python.libs
+    libs = ik_api._wheel_dir().parent / "ik_llama_cpp_python.libs"
+    if not libs.is_dir():
+        pytest.skip(f"the wheel's libllama.so is not laid out as this test expects ({libs})")
+    (home / "engines").mkdir()
+    (home / "engines" / libs.name).symlink_to(libs)
+    ik_native.install_dir().mkdir(parents=True)
+    for name in ik_native.LIBRARIES:
+        (ik_native.install_dir() / name).write_bytes((wheel / name).read_bytes())
+    said = ik_native.compare(gemma_path, rounds=1, stream=io.StringIO())
+    assert said["library"] in ("wheel", "native") and said["model"] == gemma_path.name
+    assert set(said["curves"]) == {"wheel", "native"}
+    for curve in said["curves"].values():
+        assert set(curve) == set(ik_native.SIZES) and all(ms > 0 for ms in curve.values())
+    assert ik_native.verdict() == said
+    assert ik_native.main(["frobnicate"]) == 2
 
 
 def test_the_cost_calibration_is_keyed_by_the_library():
@@ -147,3 +235,8 @@ def test_bench_backend_names_the_ik_library_it_measured():
     assert "libllama.so (the wheel's build; `make native` builds" in format_comparison(result)[0]
     native = format_comparison(result | {"ik_native": True})[0]
     assert native.endswith("(this CPU's native build)")
+    why = "native (plain steps tied; cheaper verification)"
+    native = format_comparison(result | {"ik_native": True, "ik_native_verdict": why})[0]
+    assert native.endswith(f"(this CPU's native build, measured faster: {why})")
+    slower = format_comparison(result | {"ik_native_verdict": "wheel (fastest plain step)"})[0]
+    assert "native build measured slower: wheel (fastest plain step)" in slower

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 from ctypes import (
     POINTER,
     c_bool,
@@ -245,14 +246,23 @@ def _wheel_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+LIBRARY_ENV = "SPECWISE_IK_LIBRARY"  # "wheel" or "native": load that library
+
+
 def library_path() -> Path:
     """The libllama.so specwise loads: this CPU's native build where `make native` made one
-    (`ik_native`, built from the same version's source, so these declarations hold), else the
-    wheel's (raises IkLibraryError where neither is there)."""
+    and measured it faster than the wheel's (`ik_native.preferred`; built from the same
+    version's source, so these declarations hold), else the wheel's; $SPECWISE_IK_LIBRARY
+    (wheel|native) forces one. Raises IkLibraryError where the one asked for is not there."""
     from specwise.backends import ik_native
 
-    native = ik_native.find()
-    if native is not None:
+    forced = os.environ.get(LIBRARY_ENV, "")
+    if forced not in ("", "wheel", "native"):
+        raise IkLibraryError(f"{LIBRARY_ENV}={forced!r} is invalid; use wheel or native")
+    native = ik_native.find() if forced == "native" else ik_native.preferred()
+    if forced == "native" and native is None:
+        raise IkLibraryError(f"{LIBRARY_ENV}=native, but `make native` has built none here")
+    if native is not None and forced != "wheel":
         return native
     path = _wheel_dir() / "lib" / "libllama.so"
     if not path.is_file():

@@ -9,15 +9,25 @@ builds only the `llama` library, then installs `libllama.so` and `libggml.so` (f
 `$ORIGIN`) into `$SPECWISE_HOME/engines/ik_llama/<version>-<cpu>/`, `<cpu>` naming this CPU's
 model and flags (`machine.cpu_key`), so a library built on another CPU is never loaded here.
 Then it checks, in a child process, that the library loads and reads right through specwise's
-declarations. `make native` calls it (minutes on 2 cores, once per machine).
+declarations. `make native` calls it (minutes on 2 cores, once per machine), then `compare()`.
 
-`find()` returns this machine's build, or None; `ik_api.library_path` prefers it to the wheel's
-library, and every verdict keyed by the library (the probe, the backend choice, the controller's
-costs) is measured again for it. Whether it computes right is still the probe's question.
+A native build is not faster everywhere (on Zen 3 it measured the same as the wheel), so
+`compare()` measures both libraries' cost curves for a model, each in its own child process
+(one process loads one ik_llama.cpp library: both are libllama.so and libggml.so), the children
+alternating for `ROUNDS` rounds. Children seconds apart see this machine's speed drift by more
+than the libraries' plain steps differ, so a plain step is faster only where it was faster
+(by more than `backend_choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
+and the speculation each enables decides (`backend_choice.spec_goodput`, as the backend choice
+breaks its ties). The verdict is kept beside the build (`choice.json`). `find()` returns this machine's build, or None;
+`preferred()` returns it only where the verdict says it is faster; `ik_api.library_path` loads
+that one, else the wheel's, and every verdict keyed by the library (the probe, the backend
+choice, the controller's costs) is measured again for it. `SPECWISE_IK_LIBRARY=wheel|native`
+forces one. Whether a library computes right is still the probe's question.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,9 +41,13 @@ from specwise.backends.ik_api import WHEEL, WHEEL_VERSION
 from specwise.machine import cpu_key, native_flags
 from specwise.models import home
 
-__all__ = ["BuildError", "build", "find", "install_dir"]
+__all__ = ["BuildError", "build", "compare", "find", "install_dir", "preferred", "verdict"]
 
 LIBRARIES = ("libllama.so", "libggml.so")  # what is installed; libllama.so needs libggml.so
+CHOICE = "choice.json"  # beside the build: which library `compare` measured faster
+ROUNDS = 6  # each library's children in `compare`, alternating
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16)  # forward sizes `compare` measures
+_CURVE_TIMEOUT_S = 600
 _SOURCE = "vendor/ik_llama.cpp"  # ik_llama.cpp inside the sdist
 _CHECK_TIMEOUT_S = 120
 _PERCENT = re.compile(r"\[\s*(\d+)%\]")
@@ -53,6 +67,136 @@ def find() -> Path | None:
     if all((folder / name).is_file() for name in LIBRARIES):
         return folder / LIBRARIES[0]
     return None
+
+
+def verdict() -> dict | None:
+    """What `compare` decided for this machine's build (library, reason, curves, model), or
+    None where it has not run since the build."""
+    try:
+        said = json.loads((install_dir() / CHOICE).read_text())
+        said["curves"] = {w: {int(n): ms for n, ms in c.items()} for w, c in said["curves"].items()}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return said
+
+
+def preferred() -> Path | None:
+    """This machine's native libllama.so where it is built and measured faster than the
+    wheel's (`compare`), else None."""
+    found = find()
+    said = verdict() if found is not None else None
+    return found if said is not None and said.get("library") == "native" else None
+
+
+def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> dict:
+    """Measure the wheel's and the native library's cost curves for `target` (a GGUF file),
+    each in child processes (`measure(which, target)` -> {n: ms}; by default `_child_curve`),
+    alternating, medians over the rounds; decide, save and return the verdict. A library
+    whose children fail is not chosen (both failing raises BuildError)."""
+    from specwise.costs import CostCurve
+
+    stream = stream or sys.stderr
+    if find() is None:
+        raise BuildError("there is no native build to compare: run `make native`")
+    measure = measure or _child_curve
+    samples: dict[str, list[dict[int, float]]] = {"wheel": [], "native": []}
+    failed: dict[str, str] = {}
+    print(f"measuring the wheel's and the native library on {target.name} ...", file=stream)
+    for r in range(rounds):
+        for which in ("wheel", "native") if r % 2 == 0 else ("native", "wheel"):
+            if which in failed:
+                continue
+            try:
+                samples[which].append(measure(which, target))
+            except BuildError as exc:
+                failed[which] = str(exc)
+            said = f"failed ({failed[which]})" if which in failed else "measured"
+            print(f"  round {r + 1}/{rounds}: {which} {said}", file=stream)
+    curves = {
+        which: CostCurve({n: _median([c[n] for c in got]) for n in got[0]})
+        for which, got in samples.items()
+        if got and which not in failed
+    }
+    if not curves:
+        raise BuildError(f"neither library ran {target.name} here: {failed}")
+    if len(curves) == 1:
+        (library,) = curves
+        other = "native" if library == "wheel" else "wheel"
+        reason = f"{library} (the {other} library failed here: {failed[other]})"
+    else:
+        ratios = [n[1] / w[1] for w, n in zip(samples["wheel"], samples["native"], strict=False)]
+        library, reason = _decide(curves, ratios)
+    out = {
+        "library": library,
+        "reason": reason,
+        "model": target.name,
+        "curves": {w: c.ms for w, c in curves.items()},
+    }
+    tmp = install_dir() / f"{CHOICE}.partial"
+    tmp.write_text(json.dumps(out, indent=1))
+    tmp.replace(install_dir() / CHOICE)
+    print(f"ik_llama.cpp library: {reason}", file=stream)
+    return out
+
+
+def _decide(curves: dict, ratios: list[float]) -> tuple[str, str]:
+    """(library, reason) from the median curves and each round's native/wheel plain step."""
+    from specwise.backend_choice import PLAIN_TIE, SPEC_ALPHA, spec_goodput
+
+    if all(r > 1 + PLAIN_TIE for r in ratios):
+        library, why = "wheel", "its plain step was faster in every round"
+    elif all(r < 1 - PLAIN_TIE for r in ratios):
+        library, why = "native", "its plain step was faster in every round"
+    else:
+        library = max(curves, key=lambda w: spec_goodput(curves[w], SPEC_ALPHA))
+        why = (
+            f"plain steps tied: native/wheel {min(ratios):.2f}-{max(ratios):.2f} over "
+            f"{len(ratios)} rounds; cheaper verification"
+        )
+    parts = [
+        f"{w}: plain step {c(1):.1f} ms, 4 tokens {c(4):.1f} ms, 8 tokens {c(8):.1f} ms"
+        for w, c in curves.items()
+    ]
+    return library, f"{library} ({why}; medians {'; '.join(parts)})"
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _child_curve(which: str, target: Path) -> dict[int, float]:
+    """`target`'s cost curve on library `which`, measured in a child process
+    (`python -m specwise.backends.ik_native curve PATH` with SPECWISE_IK_LIBRARY=which)."""
+    env = {**os.environ, "SPECWISE_IK_LIBRARY": which}
+    cmd = [sys.executable, "-m", "specwise.backends.ik_native", "curve", str(target)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=_CURVE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"measuring the {which} library did not finish") from None
+    if res.returncode != 0:
+        said = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        raise BuildError(f"measuring the {which} library failed: {said}")
+    return {int(n): float(ms) for n, ms in json.loads(res.stdout.splitlines()[-1]).items()}
+
+
+def _curve_here(target: Path) -> dict[int, float]:
+    """The child's side: the cost curve of `target` on the library this process loads, in
+    the shape the backend choice measures it (one sequence, flash attention where it runs)."""
+    from specwise.backend_choice import PLAIN_REPEATS, REPEATS
+    from specwise.backends.ik_llama import IkLlamaLM, usable_flash_attn
+    from specwise.costs import measure_curves
+
+    flash = usable_flash_attn(target, batched=False)
+    if flash is None:
+        raise BuildError(f"ik_llama.cpp cannot run {target.name} with this library here")
+    lm = IkLlamaLM(target, context_length=2048, max_sequences=1, flash_attn=flash)
+    try:
+        curve = measure_curves({"lm": lm}, SIZES, REPEATS, plain_repeats=PLAIN_REPEATS)["lm"]
+    finally:
+        lm.close()
+    return curve.ms
 
 
 def cmake_args() -> list[str]:
@@ -174,10 +318,33 @@ def _check(library: Path, log) -> None:
         raise BuildError(f"the built {library.name} does not load here: {said}")
 
 
-if __name__ == "__main__":  # `python -m specwise.backends.ik_native build` (make native)
-    if sys.argv[1:] != ["build"]:
-        sys.exit("usage: python -m specwise.backends.ik_native build")
+def main(argv: list[str]) -> int:
+    """`build [MODEL]` (make native): build unless built, then compare the libraries on MODEL
+    (the default pair's target, pulled if missing) unless compared; `compare [MODEL]`:
+    compare again; `curve PATH` (a child of `compare`): print a cost curve as JSON."""
+    from specwise.backends import resolve_model
+    from specwise.models import DEFAULT_PAIR, PAIRS
+
+    usage = "usage: python -m specwise.backends.ik_native build|compare [MODEL]"
+    if not argv or argv[0] not in ("build", "compare", "curve") or len(argv) > 2:
+        print(usage, file=sys.stderr)
+        return 2
     try:
-        build()
-    except BuildError as exc:
-        sys.exit(f"specwise: {exc}")
+        if argv[0] == "curve":
+            print(json.dumps(_curve_here(Path(argv[1]))))
+            return 0
+        model = resolve_model(argv[1] if len(argv) > 1 else PAIRS[DEFAULT_PAIR].target)
+        if argv[0] == "build":
+            build()
+        if argv[0] == "compare" or verdict() is None:
+            compare(model)
+        else:
+            print(f"ik_llama.cpp library: {verdict()['reason']}", file=sys.stderr)
+    except (BuildError, FileNotFoundError, ValueError) as exc:
+        print(f"specwise: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -71,7 +71,8 @@ def compare_backends(
         }
     return {
         "ik_library": library,
-        "ik_native": ik_native.find() is not None,
+        "ik_native": ik_native.find() == ik_api.library_path(),
+        "ik_native_verdict": (ik_native.verdict() or {}).get("reason"),
         "curves": {b: c.ms for b, c in curves.items()},
         "choice": choice,
         "reason": reason,
@@ -85,11 +86,13 @@ def compare_backends(
 def format_comparison(result: dict) -> list[str]:
     c = result["curves"]
     base = c["llama_cpp"][1]
-    built = (
-        "this CPU's native build"
-        if result["ik_native"]
-        else "the wheel's build; `make native` builds one for this CPU"
-    )
+    verdict = result.get("ik_native_verdict")
+    if result["ik_native"]:
+        built = "this CPU's native build" + (f", measured faster: {verdict}" if verdict else "")
+    elif verdict:
+        built = f"the wheel's build; this CPU's native build measured slower: {verdict}"
+    else:
+        built = "the wheel's build; `make native` builds one for this CPU"
     lines = [
         f"ik_llama library: {result['ik_library']} ({built})",
         "cost of a forward of n tokens, ms (and x mainline's 1-token forward), interleaved:",
