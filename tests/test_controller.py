@@ -92,7 +92,9 @@ BUMPY = {
 @pytest.mark.parametrize("alpha", [0.95, 0.8, 0.5, 0.1])
 @pytest.mark.parametrize("draft_ms", [0.0, 1.0, 4.0, 40.0])
 def test_plan_is_the_brute_force_optimum(curve, alpha, draft_ms):
-    ctl = Controller([Named("model", cheap=False)], costs(curve, {"model": draft_ms}), max_k=8)
+    ctl = Controller(
+        [Named("model", cheap=False)], costs(curve, {"model": draft_ms}), max_k=8, stake=None
+    )
     ctl.set_prior("model", [alpha] * 8)
     plan = ctl.plan("r", room=8)
     m, g = brute_force([alpha] * 8, draft_ms, CostCurve(dict(curve)))
@@ -106,6 +108,7 @@ def test_cheap_drafter_is_cut_to_its_best_prefix_and_model_used_otherwise():
         [Named("ngram", True), Named("model", False)],
         costs(BUMPY, {"ngram": 0.0, "model": 10.0}),
         max_k=8,
+        stake=None,
     )
     ctl.set_prior("ngram", [0.9] * 16)
     ctl.set_prior("model", [0.95] * 8)
@@ -114,6 +117,34 @@ def test_cheap_drafter_is_cut_to_its_best_prefix_and_model_used_otherwise():
     assert plan.drafter.name == "ngram" and plan.k_max == plan.planned == m > 0
     plan = ctl.plan("r2", room=20, offers={"ngram": []})  # no match: the model, if it pays
     assert plan.drafter.name == "model"
+
+
+def test_a_request_stakes_no_more_than_its_stake_beyond_what_its_drafts_won():
+    """Each token verified costs half a plain step: with a stake of 2 plain steps a fresh
+    request may propose 4 (were none accepted, 2 plain steps more than a plain round), however
+    sure the estimates; drafts that come true let it stake more, and a finished request's
+    winnings go with it."""
+    curve = {n: 10.0 + 5.0 * (n - 1) for n in range(1, 17)}
+    free, _ = brute_force([0.95] * 8, 0.0, CostCurve(curve))
+    assert free > 4
+    ctl = Controller([Named("ngram", True)], costs(curve, {"ngram": 0.0}), stake=2.0)
+    ctl.set_prior("ngram", [0.95] * 8)
+    offer = {"ngram": [None] * 8}
+    assert ctl.plan("r", room=8, offers=offer).planned == 4
+    unbounded = Controller([Named("ngram", True)], costs(curve, {"ngram": 0.0}), stake=None)
+    unbounded.set_prior("ngram", [0.95] * 8)
+    assert unbounded.plan("r", room=8, offers=offer).planned == free
+    for c in (ctl, unbounded):  # 4 accepted at 20 ms more than a plain round: 20 ms won
+        c.observe("r", "ngram", Draft([1, 2, 3, 4], None), 4)
+    want = unbounded.plan("r", room=8, offers=offer).planned
+    assert want > 4 and ctl.plan("r", room=8, offers=offer).planned == want
+    ctl.forget("r")
+    assert ctl.plan("r", room=8, offers=offer).planned == 4
+    stake = ctl.stake
+    stake.observe("q", "ngram", 3, 0)  # lost 15 ms: the stake stays 2 plain steps
+    assert stake.most("q", "ngram", 8) == 4
+    stake.observe("q", "ngram", 4, 4)  # won 40 - 20 - 15 = 5 ms: one token more
+    assert stake.most("q", "ngram", 8) == 5
 
 
 def test_batch_makes_speculation_back_off():

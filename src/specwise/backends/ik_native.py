@@ -36,8 +36,9 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from statistics import median
 
-from specwise.backends.ik_api import WHEEL, WHEEL_VERSION
+from specwise.backends.ik_api import LIBRARY_ENV, WHEEL, WHEEL_VERSION
 from specwise.machine import cpu_key, native_flags
 from specwise.models import home
 
@@ -113,7 +114,7 @@ def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> di
             said = f"failed ({failed[which]})" if which in failed else "measured"
             print(f"  round {r + 1}/{rounds}: {which} {said}", file=stream)
     curves = {
-        which: CostCurve({n: _median([c[n] for c in got]) for n in got[0]})
+        which: CostCurve({n: median(c[n] for c in got) for n in got[0]})
         for which, got in samples.items()
         if got and which not in failed
     }
@@ -160,16 +161,10 @@ def _decide(curves: dict, ratios: list[float]) -> tuple[str, str]:
     return library, f"{library} ({why}; medians {'; '.join(parts)})"
 
 
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
 def _child_curve(which: str, target: Path) -> dict[int, float]:
     """`target`'s cost curve on library `which`, measured in a child process
     (`python -m specwise.backends.ik_native curve PATH` with SPECWISE_IK_LIBRARY=which)."""
-    env = {**os.environ, "SPECWISE_IK_LIBRARY": which}
+    env = {**os.environ, LIBRARY_ENV: which}
     cmd = [sys.executable, "-m", "specwise.backends.ik_native", "curve", str(target)]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=_CURVE_TIMEOUT_S)

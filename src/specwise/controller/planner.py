@@ -27,7 +27,18 @@ prefix. A model drafter that has fallen behind the context (it is prefilled only
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
 is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
 is worth its cost: it goes on while, for some m > i, E(m) − E(i) > G·(C(m) − C(i)), with G the
-goodput planned. When plain wins, each drafter is still probed now and then (with doubling gaps
+goodput planned.
+
+A request stakes on a proposal no more than it can lose: a proposal of m tokens may cost, were
+none accepted, at most STAKE plain steps more than a plain round, plus what the request's
+drafts have won so far (`Stake`, priced by the cost model). What was learnt on other requests
+(or on none: a fresh machine reads every calibration bin at its prior) says little of a request
+that has shown nothing yet, and where verification is steep the only proposals that can pay are
+long ones, which cost several plain steps when they fail (BENCHMARKS §0c). So no single
+proposal loses a request more than STAKE plain steps beyond its winnings; where verification
+is cheap the stake allows long proposals from the start.
+
+When plain wins, each drafter is still probed now and then (with doubling gaps
 while probes keep losing) so a request that becomes predictable is noticed. A cheap drafter is
 probed only with an offer that would pay on an average request by an optimistic reading of its
 calibration (an upper confidence bound, which every bin keeps because old outcomes fade), at the
@@ -55,9 +66,38 @@ from specwise.controller.pricing import MARGIN, Batch, Pricing
 from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, KeepGoing
 
-__all__ = ["PROBE_FIRST", "PROBE_MAX", "Controller", "Plan"]
+__all__ = ["PROBE_FIRST", "PROBE_MAX", "STAKE", "Controller", "Plan", "Stake"]
 
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
+STAKE = 4.0  # plain steps a request may lose beyond what its drafts have won
+
+
+class Stake:
+    """Stake(pricing, steps=STAKE): per request, the ms its drafts have won against plain
+    decoding (each round: its accepted tokens at a plain round's price, less what it cost
+    beyond one), and the longest proposal it may stake: one whose round, were nothing
+    accepted, costs at most `steps` plain rounds plus the ms won (never less than `steps`)
+    more than a plain round. All at a lone request's prices."""
+
+    def __init__(self, pricing: Pricing, steps: float = STAKE) -> None:
+        self.pricing, self.steps = pricing, steps
+        self.won: dict[str, float] = {}
+
+    def most(self, rid: str, name: str, cap: int) -> int:
+        plain = self.pricing.round_ms(None, 0, Batch())
+        budget = self.steps * plain + max(0.0, self.won.get(rid, 0.0))
+        m = 0
+        while m < cap and self.pricing.round_ms(name, m + 1, Batch()) - plain <= budget:
+            m += 1
+        return m
+
+    def observe(self, rid: str, name: str, proposed: int, accepted: int) -> None:
+        plain = self.pricing.round_ms(None, 0, Batch())
+        extra = self.pricing.round_ms(name, proposed, Batch()) - plain
+        self.won[rid] = self.won.get(rid, 0.0) + accepted * plain - extra
+
+    def forget(self, rid: str) -> None:
+        self.won.pop(rid, None)
 
 
 @dataclass(frozen=True)
@@ -77,12 +117,20 @@ class Plan:
 
 
 class Controller:
-    """Controller(drafters, costs, max_k): plans rounds and learns from them."""
+    """Controller(drafters, costs, max_k, stake=STAKE): plans rounds and learns from them.
+    stake=None: no bound from what a request can lose (tests of the plan's optimum)."""
 
-    def __init__(self, drafters: Sequence[Drafter], costs: CostModel, max_k: int = 8) -> None:
+    def __init__(
+        self,
+        drafters: Sequence[Drafter],
+        costs: CostModel,
+        max_k: int = 8,
+        stake: float | None = STAKE,
+    ) -> None:
         self.drafters = list(drafters)
         self.max_k = max_k
         self.pricing = Pricing(costs)
+        self.stake = None if stake is None else Stake(self.pricing, stake)
         self.estimates = Estimates([d.name for d in self.drafters])
         self.backoff = Backoff()
         self._memory: Memory | None = None
@@ -121,6 +169,8 @@ class Controller:
         for d in self.drafters:
             most = len(offers.get(d.name, ())) if d.cheap else self.max_k
             cap = min(room, most, getattr(d, "max_tokens", None) or most)
+            if self.stake is not None:
+                cap = self.stake.most(rid, d.name, cap)
             if cap <= 0 or (only is not None and d.name != only):
                 continue
             lengths = self.pricing.sharing(batch, cap)
@@ -281,11 +331,15 @@ class Controller:
         """Learn from one verified round (`Estimates.observe`); a plain round teaches nothing."""
         if drafter is not None and draft.tokens:
             self.estimates.observe(rid, drafter, draft, accepted, path)
+            if self.stake is not None:
+                self.stake.observe(rid, drafter, len(draft.tokens), accepted)
 
     def forget(self, rid: str) -> None:
         """Drop a finished request's estimates (the averages over requests stay, and are saved
         when `remember` was called)."""
         self.estimates.forget(rid)
+        if self.stake is not None:
+            self.stake.forget(rid)
 
     @classmethod
     def calibrated(
