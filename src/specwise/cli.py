@@ -49,6 +49,15 @@ def _params(a: argparse.Namespace) -> SamplingParams:
     )
 
 
+def _heads_target_args(p: argparse.ArgumentParser) -> None:
+    """The target of a command about its drafting heads (no draft model, never exact)."""
+    p.add_argument("--pair", help="catalog pair whose target the heads are for")
+    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
+    p.add_argument("--threads", type=int, help="threads (default: the cores)")
+    p.set_defaults(draft=None, exact=False)
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
     p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
@@ -1020,11 +1029,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the heads drafter on requests it was not trained for, as trained and adapting "
         "(serve --adapt), against plain decoding, request after request",
     )
-    ba.add_argument("--pair", help="catalog pair whose target the heads are for")
-    ba.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
-    ba.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
-    ba.add_argument("--threads", type=int, help="threads (default: the cores)")
-    ba.set_defaults(draft=None, exact=False)
+    _heads_target_args(ba)
     ba.add_argument("--requests", type=int, default=200, help="requests, each run three ways (200)")
     ba.add_argument("--k", type=int, default=1, help="tokens the heads draft a round (1)")
     ba.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
@@ -1260,11 +1265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train heads for the target on this machine (self-distillation; resumable)",
     )
-    ht.add_argument("--pair", help="catalog pair whose target the heads are for")
-    ht.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
-    ht.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
-    ht.add_argument("--threads", type=int, help="threads (default: the cores)")
-    ht.set_defaults(draft=None, exact=False)
+    _heads_target_args(ht)
     ht.add_argument("--minutes", type=float, default=30.0, help="time for data and training (30)")
     ht.add_argument("--heads", type=int, default=3, help="heads, one per token drafted (3)")
     ht.add_argument(
