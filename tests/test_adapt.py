@@ -106,6 +106,39 @@ def test_adapting_raises_acceptance_and_greedy_output_stays_plain():
     )
 
 
+def test_adapted_heads_are_kept_across_a_restart_for_the_same_heads_and_scope(tmp_path, caplog):
+    _target, heads, adapter, engine = _setup(scope="key", budget=1.0, passes=2)
+    adapter.start()
+    try:
+        for tenant in ("alice", "bob"):
+            _serve(engine, [0, 3, 1, 4], SamplingParams(max_tokens=20), tenant)
+        _wait(adapter)
+    finally:
+        adapter.close()
+    path = tmp_path / "adapted.pt"
+    assert adapter.save(path) == 2
+    again = Adapter(heads, scope="key")
+    assert again.load(path) == 2
+    h = np.linspace(-1, 1, heads.hidden_size).astype(np.float32)
+    for tenant in ("alice", "bob"):
+        np.testing.assert_array_equal(
+            again._tenants[tenant].heads.logits(h), adapter._tenants[tenant].heads.logits(h)
+        )
+        assert not np.array_equal(again._tenants[tenant].heads.logits(h), heads.logits(h))
+    engine = Engine(_target, HeadsDrafter(heads, again), k=2, learner=again)
+    _serve(engine, [0, 3, 1, 4], SamplingParams(max_tokens=20), "alice")
+    again.step(again._tenants["alice"], np.random.default_rng(0))  # goes on learning
+    assert again._tenants["alice"].steps == adapter._tenants["alice"].steps + 1
+    assert Adapter(heads, scope="global").load(path) == 0  # kept for another scope
+    other = Heads(heads.hidden_size, 2, list(range(6)), 6, seed=1, meta={"key": "other"})
+    assert Adapter(other, scope="key").load(path) == 0  # grown from other heads
+    assert "starting from the trained heads" in caplog.text
+    assert Adapter(heads).load(tmp_path / "none.pt") == 0
+    (tmp_path / "bad.pt").write_bytes(b"not a file of adapted heads")
+    with pytest.raises(ValueError, match="holds no adapted heads"):
+        Adapter(heads).load(tmp_path / "bad.pt")
+
+
 def test_without_traffic_the_thread_does_no_work():
     _target, _heads, adapter, engine = _setup(budget=1.0, passes=2)
     adapter.start()

@@ -122,6 +122,7 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
         (["--adapt-budget", "0"], "--adapt-budget 0 is invalid"),
         (["--adapt-buffer", "0"], "--adapt-buffer 0 is invalid"),
         (["--adapt", "key", "--k", "4", "--drafter", "ngram"], "--adapt key adapts the heads"),
+        (["--adapt-cache", "adapted.pt"], "--adapt-cache keeps what --adapt learns"),
     ],
 )
 def test_bad_serve_options_are_one_sentence_before_any_model_loads(capsys, args, message):

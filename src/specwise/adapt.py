@@ -25,6 +25,12 @@ server's hash of an API key; requests without a key are one tenant), each grown 
 trained heads, so no tenant's drafts are shaped by another's text; at most `tenants` copies
 live, the least recently used dropped (that tenant starts again from the trained heads). The
 trained heads and their file are never changed.
+
+Across restarts (`serve --adapt-cache PATH`): `save` writes every adapted copy's weights, by
+tenant, to one file; `load` takes them back, but only for the same trained heads and scope (a
+copy adapted from other heads, or kept for another scope, is left out with a log line). The
+replay buffers and the optimizer's state are not kept: a restored copy goes on learning from
+new traffic.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import copy
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +52,7 @@ __all__ = ["SCOPES", "Adapter", "Replay"]
 
 log = logging.getLogger(__name__)
 SCOPES = ("key", "global")
+FORMAT = 1  # the layout of `Adapter.save`'s file
 
 
 class Replay:
@@ -266,6 +274,7 @@ class Adapter:
 
         if tenant.heads is None:
             tenant.heads = copy.deepcopy(self.base)
+        if tenant.opt is None:
             tenant.opt = torch.optim.AdamW(
                 tenant.heads.module.parameters(), lr=self.lr, weight_decay=0.0
             )
@@ -287,6 +296,66 @@ class Adapter:
             if tenant.unpublished >= self.swap_every:
                 self._swap(tenant)
         tenant.drawn += len(labels)  # last: `busy` stays true until the step is done
+
+    # -- across restarts ----------------------------------------------------------------------
+    def save(self, path: str | Path) -> int:
+        """Write every tenant's adapted weights to `path` (atomically); the copies written. Call
+        with the training thread closed."""
+        import torch
+
+        with self._lock:
+            copies = [
+                {"tenant": key, "weights": t.heads.module.state_dict(), "steps": t.steps}
+                for key, t in self._tenants.items()
+                if t.heads is not None
+            ]
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        state = {"format": FORMAT, "heads": self._identity(), "scope": self.scope}
+        torch.save({**state, "copies": copies}, tmp)
+        tmp.replace(path)
+        return len(copies)
+
+    def load(self, path: str | Path) -> int:
+        """Take back the copies `save` wrote to `path` for these trained heads and this scope
+        (none where there is no file); the copies taken. ValueError naming the file where it
+        holds none specwise can read."""
+        import torch
+
+        path = Path(path)
+        if not path.exists():
+            return 0
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            ok = state["format"] == FORMAT and state["heads"] == self._identity()
+            ok = ok and state["scope"] == self.scope
+            copies = state["copies"] if ok else []
+            tenants = []
+            for c in copies[-self.max_tenants :]:
+                heads = copy.deepcopy(self.base)
+                heads.module.load_state_dict(c["weights"])
+                heads.publish()
+                tenant = _Tenant(Replay(self.capacity, self.base.hidden_size, self.base.n_heads))
+                tenant.heads, tenant.steps = heads, int(c["steps"])
+                tenants.append((c["tenant"], tenant))
+        except Exception as exc:  # any unreadable file: one clear error
+            raise ValueError(f"{path} holds no adapted heads specwise can read ({exc})") from None
+        if not ok:
+            log.warning(
+                "%s holds heads adapted from other trained heads or for another scope; "
+                "starting from the trained heads",
+                path,
+            )
+        with self._lock:
+            for key, tenant in tenants:
+                self._tenants[key] = tenant
+        return len(tenants)
+
+    def _identity(self) -> str:
+        """Which trained heads the copies grew from."""
+        meta = self.base.meta
+        return f"{meta.get('key', 'unsaved')}:{meta.get('trained', '')}:{len(self.base.ids)}"
 
     def _publish(self) -> None:
         """Swap in every tenant's steps not yet published (the thread ran out of work)."""

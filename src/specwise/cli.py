@@ -263,18 +263,32 @@ def _adapter(a: argparse.Namespace, names: list[str], options: dict[str, dict]):
     adapter = Adapter(
         options["heads"]["heads"], scope=mode, budget=a.adapt_budget, capacity=a.adapt_buffer
     )
+    if a.adapt_cache:
+        try:
+            taken = adapter.load(a.adapt_cache)
+        except ValueError as exc:
+            raise UsageError(f"--adapt-cache: {exc}") from None
+        if taken:
+            print(
+                f"specwise: {taken} adapted {'copy' if taken == 1 else 'copies'} of the heads "
+                f"from {a.adapt_cache}",
+                file=sys.stderr,
+            )
     options["heads"]["adapter"] = adapter
     return adapter
 
 
 def _save_memory(a: argparse.Namespace, engine) -> None:
-    """Write what the run learnt: the controller's averages (k auto) to $SPECWISE_HOME, and
-    the suffix drafter's memory to --suffix-cache if given."""
+    """Write what the run learnt: the controller's averages (k auto) to $SPECWISE_HOME, the
+    suffix drafter's memory to --suffix-cache and the adapted heads to --adapt-cache if
+    given."""
     if engine.controller is not None:
         engine.controller.save()
     d = next((d for d in engine.drafters if d.name == "suffix"), None)
     if a.suffix_cache and d is not None:
         d.save(a.suffix_cache)
+    if getattr(a, "adapt_cache", None) and engine.learner is not None:
+        engine.learner.save(a.adapt_cache)
 
 
 def _csv(convert, what: str):
@@ -797,6 +811,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         )
     if a.adapt_buffer < 1:
         raise UsageError(f"--adapt-buffer {a.adapt_buffer} is invalid; use positions >= 1")
+    if a.adapt_cache and a.adapt == "off":
+        raise UsageError("--adapt-cache keeps what --adapt learns; give --adapt key or global")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
     if not 0 < a.port < 65536:
@@ -1256,6 +1272,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8192,
         help="served positions each adapted copy keeps to learn from, the newest (8192)",
+    )
+    s.add_argument(
+        "--adapt-cache",
+        help="keep the adapted heads in this file across runs (read at start, written at exit)",
     )
     s.set_defaults(func=cmd_serve)
 
