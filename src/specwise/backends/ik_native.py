@@ -18,11 +18,12 @@ alternating for `ROUNDS` rounds. Children seconds apart see this machine's speed
 than the libraries' plain steps differ, so a plain step is faster only where it was faster
 (by more than `backend_choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
 and the speculation each enables decides (`backend_choice.spec_goodput`, as the backend choice
-breaks its ties). The verdict is kept beside the build (`choice.json`). `find()` returns this machine's build, or None;
-`preferred()` returns it only where the verdict says it is faster; `ik_api.library_path` loads
-that one, else the wheel's, and every verdict keyed by the library (the probe, the backend
-choice, the controller's costs) is measured again for it. `SPECWISE_IK_LIBRARY=wheel|native`
-forces one. Whether a library computes right is still the probe's question.
+breaks its ties). The verdict is kept beside the build (`choice.json`). `find()` returns this
+machine's build, or None; `preferred()` returns it only where the verdict says it is faster;
+`ik_api.library_path` loads that one, else the wheel's, and every verdict keyed by the library
+(the probe, the backend choice, the controller's costs) is measured again for it.
+`SPECWISE_IK_LIBRARY=wheel|native` forces one. Whether a library computes right is still the
+probe's question.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from statistics import median
 
 from specwise.backends.ik_api import LIBRARY_ENV, WHEEL, WHEEL_VERSION
 from specwise.machine import cpu_key, native_flags
-from specwise.models import home
+from specwise.models import home, save_json
 
 __all__ = ["BuildError", "build", "compare", "find", "install_dir", "preferred", "verdict"]
 
@@ -133,9 +134,7 @@ def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> di
         "model": target.name,
         "curves": {w: c.ms for w, c in curves.items()},
     }
-    tmp = install_dir() / f"{CHOICE}.partial"
-    tmp.write_text(json.dumps(out, indent=1))
-    tmp.replace(install_dir() / CHOICE)
+    save_json(install_dir() / CHOICE, out, indent=1)
     print(f"ik_llama.cpp library: {reason}", file=stream)
     return out
 
@@ -171,8 +170,7 @@ def _child_curve(which: str, target: Path) -> dict[int, float]:
     except subprocess.TimeoutExpired:
         raise BuildError(f"measuring the {which} library did not finish") from None
     if res.returncode != 0:
-        said = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        raise BuildError(f"measuring the {which} library failed: {said}")
+        raise BuildError(f"measuring the {which} library failed: {_last_words(res)}")
     return {int(n): float(ms) for n, ms in json.loads(res.stdout.splitlines()[-1]).items()}
 
 
@@ -309,8 +307,12 @@ def _check(library: Path, log) -> None:
         raise BuildError(f"loading the built {library.name} did not finish") from None
     log.write(res.stdout + res.stderr)
     if res.returncode != 0:
-        said = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        raise BuildError(f"the built {library.name} does not load here: {said}")
+        raise BuildError(f"the built {library.name} does not load here: {_last_words(res)}")
+
+
+def _last_words(res: subprocess.CompletedProcess) -> str:
+    """What a failed child said last on stderr (else its exit status)."""
+    return (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
 
 
 def main(argv: list[str]) -> int:
@@ -331,10 +333,11 @@ def main(argv: list[str]) -> int:
         model = resolve_model(argv[1] if len(argv) > 1 else PAIRS[DEFAULT_PAIR].target)
         if argv[0] == "build":
             build()
-        if argv[0] == "compare" or verdict() is None:
+        said = None if argv[0] == "compare" else verdict()
+        if said is None:
             compare(model)
         else:
-            print(f"ik_llama.cpp library: {verdict()['reason']}", file=sys.stderr)
+            print(f"ik_llama.cpp library: {said['reason']}", file=sys.stderr)
     except (BuildError, FileNotFoundError, ValueError) as exc:
         print(f"specwise: {exc}", file=sys.stderr)
         return 1

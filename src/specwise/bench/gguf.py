@@ -71,7 +71,7 @@ def compare_backends(
         }
     return {
         "ik_library": library,
-        "ik_native": ik_native.find() == ik_api.library_path(),
+        "ik_native": ik_native.find() == Path(library),
         "ik_native_verdict": (ik_native.verdict() or {}).get("reason"),
         "curves": {b: c.ms for b, c in curves.items()},
         "choice": choice,
