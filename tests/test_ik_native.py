@@ -126,9 +126,6 @@ def test_a_native_build_measured_slower_or_failing_is_not_loaded(home, monkeypat
     assert "plain steps tied: native/wheel 0.97-1.10 over 3 rounds" in said["reason"]
     monkeypatch.setenv(ik_api.LIBRARY_ENV, "native")  # forced: loaded all the same
     assert ik_api.library_path() == ik_native.install_dir() / "libllama.so"
-    monkeypatch.setenv(ik_api.LIBRARY_ENV, "fastest")
-    with pytest.raises(ik_api.IkLibraryError, match="'fastest' is invalid; use wheel or native"):
-        ik_api.library_path()
     monkeypatch.delenv(ik_api.LIBRARY_ENV)
 
     def crashes(which, target):
@@ -242,3 +239,24 @@ def test_bench_backend_names_the_ik_library_it_measured():
     assert native.endswith(f"(this CPU's native build, measured faster: {why})")
     slower = format_comparison(result | {"ik_native_verdict": "wheel (fastest plain step)"})[0]
     assert "native build measured slower: wheel (fastest plain step)" in slower
+
+
+def test_a_forced_library_that_cannot_be_had_is_a_usage_error(home, monkeypatch):
+    """Not "ik_llama.cpp is missing": `--backend auto` must not quietly measure, choose and
+    cache mainline because of a typo in $SPECWISE_IK_LIBRARY."""
+    from specwise import backend_choice
+    from specwise.cli import main
+
+    _fake_libraries(home, monkeypatch)
+    model = home / "m.gguf"
+    model.write_bytes(b"gguf")
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "fastest")
+    for call in (ik_api.library_path, ik_llama.available, lambda: backend_choice.choose(model)):
+        with pytest.raises(ValueError, match="'fastest' is invalid; use wheel or native"):
+            call()
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "native")  # none built
+    with pytest.raises(ValueError, match="`make native` has built no library for this CPU"):
+        ik_llama.probe(model)
+    assert not (home / "backends").exists() and not (home / "probes").exists()
+    monkeypatch.setenv(ik_api.LIBRARY_ENV, "Native")
+    assert main(["generate", "--target", str(model), "hi"]) == 2  # one sentence, no traceback

@@ -34,6 +34,7 @@ __all__ = [
     "STRUCTS",
     "IkLibraryError",
     "eval_callback",
+    "forced_library",
     "header_path",
     "library_id",
     "library_path",
@@ -249,21 +250,37 @@ def _wheel_dir() -> Path:
 LIBRARY_ENV = "SPECWISE_IK_LIBRARY"  # "wheel" or "native": load that library
 
 
-def library_path() -> Path:
-    """The libllama.so specwise loads: this CPU's native build where `make native` made one
-    and measured it faster than the wheel's (`ik_native.preferred`; built from the same
-    version's source, so these declarations hold), else the wheel's; $SPECWISE_IK_LIBRARY
-    (wheel|native) forces one. Raises IkLibraryError where the one asked for is not there."""
+def forced_library() -> str | None:
+    """$SPECWISE_IK_LIBRARY: "wheel" or "native" where set, None where unset (then the
+    measured verdict chooses). A value that cannot be honoured is the user's mistake, not a
+    missing library: it raises ValueError (one sentence), so that no caller mistakes it for
+    "ik_llama.cpp is not here" and quietly runs (and caches) mainline instead."""
     from specwise.backends import ik_native
 
     forced = os.environ.get(LIBRARY_ENV, "")
     if forced not in ("", "wheel", "native"):
-        raise IkLibraryError(f"{LIBRARY_ENV}={forced!r} is invalid; use wheel or native")
-    native = ik_native.find() if forced == "native" else ik_native.preferred()
-    if forced == "native" and native is None:
-        raise IkLibraryError(f"{LIBRARY_ENV}=native, but `make native` has built none here")
-    if native is not None and forced != "wheel":
-        return native
+        raise ValueError(f"{LIBRARY_ENV}={forced!r} is invalid; use wheel or native, or unset it")
+    if forced == "native" and ik_native.find() is None:
+        raise ValueError(
+            f"{LIBRARY_ENV}=native, but `make native` has built no library for this CPU; run "
+            f"it, or unset {LIBRARY_ENV}"
+        )
+    return forced or None
+
+
+def library_path() -> Path:
+    """The libllama.so specwise loads: this CPU's native build where `make native` made one
+    and measured it faster than the wheel's (`ik_native.preferred`; built from the same
+    version's source, so these declarations hold), else the wheel's; $SPECWISE_IK_LIBRARY
+    forces one (`forced_library`: ValueError where it cannot). Raises IkLibraryError where the
+    wheel's library is not there."""
+    from specwise.backends import ik_native
+
+    forced = forced_library()
+    if forced != "wheel":
+        native = ik_native.find() if forced == "native" else ik_native.preferred()
+        if native is not None:
+            return native
     path = _wheel_dir() / "lib" / "libllama.so"
     if not path.is_file():
         raise IkLibraryError(f"the {WHEEL} wheel is installed but has no {path}")
