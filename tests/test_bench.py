@@ -419,3 +419,19 @@ def test_lossy_rules_are_measured_apart_from_every_exact_figure(smollm2_path, tm
 def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extra, words):
     assert main(["bench", "--target", str(smollm2_path), *extra]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default():
+    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix and
+    the draft model); the numeric k's run the draft model and the n-gram drafter."""
+    from specwise.cli import _bench_drafters, build_parser
+
+    def drafters(*args):
+        return _bench_drafters(build_parser().parse_args(["bench", *args]))
+
+    assert drafters() == (["ngram", "suffix", "model"], ["model", "ngram"])  # the default pair
+    assert drafters("--quick") == (["ngram", "suffix", "model"], ["model", "ngram"])
+    assert drafters("--target", "m.gguf") == (["ngram", "suffix"], ["ngram"])
+    assert drafters("--k", "4") == (["model", "ngram"], ["model", "ngram"])
+    assert drafters("--drafter", "ngram,heads") == (["ngram", "heads"], None)
+    assert drafters("--fixed-drafter", "ngram") == (["ngram", "suffix", "model"], ["ngram"])

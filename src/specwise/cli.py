@@ -131,17 +131,23 @@ def _k(value: str) -> int | str:
     return k
 
 
+def _default_drafters(draft: bool, auto: bool) -> list[str]:
+    """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
+    drafters, plus the draft model when there is one; with a fixed k the draft model if there
+    is one, else the n-gram drafter. The bench's `auto` runs over the same set."""
+    if auto:
+        return ["ngram", "suffix", "model"] if draft else ["ngram", "suffix"]
+    return ["model"] if draft else ["ngram"]
+
+
 def _drafter_names(a: argparse.Namespace) -> list[str]:
-    """The drafters asked for: --drafter a,b; by default with k=auto the n-gram and suffix
-    drafters, plus the draft model when there is one (and its text drafter, model-text, when
-    its tokenizer is not the target's: added by `_build_engine` once both are loaded); with a
-    fixed k, the draft model if given, else the n-gram drafter."""
+    """The drafters asked for: --drafter a,b, else `_default_drafters` (the draft model's text
+    drafter, model-text, is added by `_build_engine` once both models are loaded, where its
+    tokenizer is not the target's)."""
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
-    elif a.k == "auto":
-        names = ["ngram", "suffix", "model"] if a.draft else ["ngram", "suffix"]
     else:
-        names = ["model"] if a.draft else ["ngram"]
+        names = _default_drafters(bool(a.draft), a.k == "auto")
     from specwise.drafters import DRAFTERS
 
     for n in names:
@@ -507,6 +513,25 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]:
+    """(drafters, those run at the numeric k's; None: all) for `bench`. --drafter and
+    --fixed-drafter where given; by default `auto` runs over what generate and serve use by
+    default (`_default_drafters`), and the numeric k's run the draft model and the n-gram
+    drafter (the n-gram drafter alone without a draft model)."""
+    fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
+    if a.drafter:
+        return a.drafter.split(","), fixed
+    if not a.target and not a.pair:
+        from specwise.models import DEFAULT_PAIR
+
+        a.pair = DEFAULT_PAIR
+    _apply_pair(a)
+    draft = bool(a.draft)
+    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]))
+    fixed = fixed or (["model", "ngram"] if draft else ["ngram"])
+    return list(dict.fromkeys(drafters + fixed)), fixed
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from specwise.bench.runner import Options
     from specwise.bench.session import default_out, pick, run_bench
@@ -563,8 +588,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         a.limit = a.limit or 1
         a.max_tokens = a.max_tokens or 64
         a.k = a.k or [4, "auto"]
-    drafters = a.drafter.split(",") if a.drafter else ["model", "ngram"]
-    fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
+    drafters, fixed = _bench_drafters(a)
 
     def among_drafters(flag: str, value: str, names: list[str]) -> None:
         if set(names) - set(drafters):
@@ -960,7 +984,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", type=_csv(_k, "k values"), help="k values, e.g. 2,4,6,8,auto")
     b.add_argument(
         "--fixed-drafter",
-        help="run only these drafters at the numeric k values (auto still uses every --drafter)",
+        help="run only these drafters at the numeric k values (auto still uses every --drafter; "
+        "default without --drafter: the draft model and the n-gram drafter)",
     )
     b.add_argument(
         "--auto-drafters",
