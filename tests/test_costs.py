@@ -126,3 +126,41 @@ def test_drafters_running_one_model_are_measured_once(tmp_path, monkeypatch):
     model = costs.measure_costs(target, drafters)
     assert calls == ["model"]
     assert model.catch_up_ms_per_token == {"model": 0.5, "model-text": 0.5}
+
+
+def test_sizes_not_seen_since_the_curve_was_measured_move_with_the_plain_step():
+    """A curve measured while the machine was three times slower: the plain rounds run set
+    its level again, so drafts are priced at today's speed before any has run."""
+    c = CostCurve({1: 90.0, 2: 99.0, 4: 150.0})
+    for _ in range(200):
+        c.observe(1, 30.0)
+    assert c(1) == pytest.approx(30.0, rel=1e-3)
+    assert c(2) == pytest.approx(33.0, rel=1e-3) and c(4) == pytest.approx(50.0, rel=1e-3)
+    c.observe(4, 80.0)  # seen now: it learns from its own calls only
+    c.observe(1, 15.0)
+    assert c(4) == pytest.approx(0.9 * 50.0 + 0.1 * 80.0)
+    assert c(2) == pytest.approx(33.0 * c(1) / 30.0, rel=1e-6)
+
+
+def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_path, monkeypatch):
+    from specwise import costs
+    from specwise.drafters import make_drafters
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    busy = CostCurve({1: 94.9, 2: 186.5, 4: 200.0, 5: 411.9, 6: 169.7})  # measured under load
+    calm = CostCurve({1: 29.3, 2: 32.0, 4: 55.4, 8: 81.7})
+    assert not busy.consistent() and calm.consistent()
+    assert CostCurve({1: 0.05, 2: 0.01, 3: 0.3}).consistent()  # timer noise on a toy model
+    target = ToyLM(vocab=12, seed=1)
+    drafters = make_drafters(["ngram"], None)
+    path = tmp_path / "costs" / f"{costs.cache_key(target, drafters)}.json"
+    measured = iter([busy, busy, calm])
+    monkeypatch.setattr(costs, "measure_curve", lambda lm, sizes: next(measured))
+    assert costs.calibrated(target, drafters).target.ms == calm.ms  # the third try
+    assert CostModel.load(path).target.ms == calm.ms
+    CostModel(busy, {"ngram": 0.0}, catch_up_ms_per_token={"ngram": 0.0}).save(path)
+    measured = iter([busy] * costs.TRIES)
+    assert costs.calibrated(target, drafters).target.ms == busy.ms  # used, this once
+    assert CostModel.load(path).target.ms == busy.ms  # nothing saved: still the bad one...
+    measured = iter([calm])
+    assert costs.calibrated(target, drafters).target.ms == calm.ms  # ...so it is measured again

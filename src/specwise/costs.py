@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 EMA = 0.1  # weight of one new observation
+CONSISTENT, SLACK_MS = 0.85, 0.5  # `CostCurve.consistent`
+TRIES = 3  # calibrations that contradict themselves before one is used uncached
 
 
 def _blend(table: dict, key: object, value: float) -> None:
@@ -51,9 +53,11 @@ def _blend(table: dict, key: object, value: float) -> None:
 
 @dataclass
 class CostCurve:
-    """Milliseconds of one forward call as a function of the tokens in it."""
+    """Milliseconds of one forward call as a function of the tokens in it. `seen`: the sizes
+    observed since the curve was measured or loaded (`observe`)."""
 
     ms: dict[int, float] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set, compare=False, repr=False)
 
     def __call__(self, n: int) -> float:
         """Interpolated (linear) cost of n tokens; past the last measurement, in proportion to
@@ -71,8 +75,31 @@ class CostCurve:
         return float(np.interp(n, xs, [self.ms[x] for x in xs]))
 
     def observe(self, n: int, ms: float) -> None:
-        """Blend one observed call into the curve."""
+        """Blend one observed call into the curve. The sizes not observed since the curve was
+        measured move with the plain step (n = 1, observed every plain round): a curve measured
+        at another time (a busier or calmer machine) keeps its shape, and the machine of now
+        sets its level. Otherwise a curve measured while the machine was slow would price
+        every draft too high for ever: no draft would run, so no draft's cost would be seen."""
+        before = self.ms.get(1)
         _blend(self.ms, n, ms)
+        self.seen.add(n)
+        if n == 1 and before:
+            scale = self.ms[1] / before
+            for m in self.ms:
+                if m not in self.seen:
+                    self.ms[m] *= scale
+
+    def consistent(self) -> bool:
+        """Whether the curve agrees with itself: no size costs less than CONSISTENT of a
+        smaller size's cost (less SLACK_MS, for timer noise on tiny models). More tokens in one
+        forward never cost markedly less; a curve that says so was measured while something
+        else took the CPU."""
+        top = 0.0
+        for n in sorted(self.ms):
+            if self.ms[n] < CONSISTENT * top - SLACK_MS:
+                return False
+            top = max(top, self.ms[n])
+        return True
 
     def relative(self) -> dict[int, float]:
         base = self.ms.get(1) or next(iter(self.ms.values()))
@@ -165,18 +192,38 @@ def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16)
 
 def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
     """The cached calibration for this machine, target and drafters; measured (and cached in
-    $SPECWISE_HOME/costs) when there is none."""
+    $SPECWISE_HOME/costs) when there is none, or when the cached one contradicts itself
+    (`CostCurve.consistent`). A measurement that contradicts itself is taken again, up to
+    TRIES times; the last is used for this process only and never cached."""
     from specwise.models import home
 
     path = home() / "costs" / f"{cache_key(target, drafters)}.json"
     model = CostModel.load(path)
-    if model is None or any(d.name not in model.catch_up_ms_per_token for d in drafters):
+    if (
+        model is not None
+        and all(d.name in model.catch_up_ms_per_token for d in drafters)
+        and model.target.consistent()
+    ):
+        return model
+    print(
+        "specwise: measuring forward costs once for this model pair and machine...",
+        file=sys.stderr,
+    )
+    for _ in range(TRIES):
+        model = measure_costs(target, drafters)
+        if model.target.consistent():
+            model.save(path)
+            return model
         print(
-            "specwise: measuring forward costs once for this model pair and machine...",
+            "specwise: the forward costs measured contradict themselves (was the machine "
+            "busy?); measuring again...",
             file=sys.stderr,
         )
-        model = measure_costs(target, drafters)
-        model.save(path)
+    print(
+        f"specwise: using the last of {TRIES} contradictory measurements for this run only "
+        f"(not kept); the costs of the rounds run correct it as they go",
+        file=sys.stderr,
+    )
     return model
 
 
