@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from specwise import backend_choice
+from specwise import backend_choice, costs
 from specwise.backends import ik_api, ik_llama, load_pair
 from specwise.costs import CostCurve
 
@@ -229,3 +229,31 @@ def test_ik_serves_one_sequence_per_context_where_its_batched_probe_fails(
     assert "using llama_cpp instead of ik_llama: logits differ" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--backend ik_llama cannot run here: logits differ"):
         load_pair(smollm2_path, backend="ik_llama", max_sequences=4)
+
+
+def test_a_backend_verdict_from_curves_that_contradict_themselves_is_never_kept(
+    tmp_path, monkeypatch
+):
+    """As for the controller's costs (`costs.calibrated`): measured again, and where every
+    try contradicts itself, used for this run only."""
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"gguf")
+    monkeypatch.setattr(ik_llama, "usable_flash_attn", lambda m, batched: True)
+
+    class Closed:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(backend_choice, "open_backends", lambda *a: {"x": Closed()})
+    busy = CostCurve({1: 94.9, 2: 186.5, 5: 411.9, 6: 169.7})
+    ik, main = CostCurve({1: 30.0, 4: 50.0}), CostCurve({1: 31.0, 4: 90.0})
+    tries = iter([{"ik_llama": busy, "llama_cpp": main}, {"ik_llama": ik, "llama_cpp": main}])
+    monkeypatch.setattr(backend_choice, "measure_backends", lambda lms: next(tries))
+    assert backend_choice.choose(model).backend == "ik_llama"  # the second, consistent try
+    kept = list((tmp_path / "backends").iterdir())
+    assert len(kept) == 1 and '"94.9' not in kept[0].read_text()
+    kept[0].unlink()
+    tries = iter([{"ik_llama": ik, "llama_cpp": busy}] * costs.TRIES)
+    backend_choice.choose(model)  # used once...
+    assert not list((tmp_path / "backends").iterdir())  # ...and not kept
