@@ -172,10 +172,7 @@ def _load_models(
     max_sequences: sequences decoded at once (1 for a command that runs one request at a time);
     hidden: the target keeps its hidden states (for the heads drafter)."""
     from specwise.backends import load_pair
-    from specwise.models import DEFAULT_PAIR
 
-    if not a.target and not a.pair:
-        a.pair = DEFAULT_PAIR
     _apply_pair(a)
     if not a.target:
         raise UsageError("--target is required (a catalog name, a .gguf file or a HF folder)")
@@ -222,10 +219,6 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     from specwise.drafters import make_drafters
     from specwise.engine import Engine
 
-    if not a.target and not a.pair:
-        from specwise.models import DEFAULT_PAIR
-
-        a.pair = DEFAULT_PAIR
     _apply_pair(a)
     names = _drafter_names(a)
     options = _drafter_options(a, names)
@@ -521,10 +514,6 @@ def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]
     fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
     if a.drafter:
         return a.drafter.split(","), fixed
-    if not a.target and not a.pair:
-        from specwise.models import DEFAULT_PAIR
-
-        a.pair = DEFAULT_PAIR
     _apply_pair(a)
     draft = bool(a.draft)
     drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]))
@@ -666,10 +655,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def _apply_pair(a: argparse.Namespace) -> None:
-    """--pair NAME fills --target and --draft (explicit flags win)."""
-    from specwise.models import PAIRS
+    """--pair NAME fills --target and --draft (explicit flags win); with neither --target nor
+    --pair, the default pair does."""
+    from specwise.models import DEFAULT_PAIR, PAIRS
 
-    if not getattr(a, "pair", None):
+    if not a.target and not a.pair:
+        a.pair = DEFAULT_PAIR
+    if not a.pair:
         return
     pair = PAIRS.get(a.pair)
     if pair is None:
