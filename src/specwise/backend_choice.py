@@ -16,7 +16,7 @@ more). The choice:
 
 The verdict, both curves and the reason are cached in $SPECWISE_HOME/backends, keyed by
 machine, model files, threads, library and METHOD (curves that contradict themselves,
-`CostCurve.consistent`, are measured again, up to `costs.TRIES` times, and a verdict from such
+`CostCurve.consistent`, are measured again, `costs.until_consistent`, and a verdict from such
 curves is used once and never cached); `specwise bench backend` shows them. A forced
 `--backend` never comes here. This module runs no round and sets no controller cost.
 """
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.backends.base import LM
-from specwise.costs import TRIES, CostCurve, measure_curves
+from specwise.costs import CostCurve, measure_curves, until_consistent
 from specwise.machine import machine
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
@@ -112,21 +112,15 @@ def choose(
         )
         lms = open_backends(target, threads, flash[target])
         try:
-            for _ in range(TRIES):
-                curves = measure_backends(lms)
-                if all(c.consistent() for c in curves.values()):
-                    break
-                print(
-                    "specwise: the costs measured contradict themselves (was the machine "
-                    "busy?); measuring again...",
-                    file=sys.stderr,
-                )
+            curves, consistent = until_consistent(
+                lambda: measure_backends(lms), lambda got: got.values()
+            )
         finally:
             for lm in lms.values():
                 lm.close()
         backend, reason = decide(curves)
         choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()})
-        if not all(c.consistent() for c in curves.values()):
+        if not consistent:
             print(
                 f"specwise: backend {choice.reason} (for this run only; not kept)", file=sys.stderr
             )

@@ -16,10 +16,10 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -38,8 +38,10 @@ __all__ = [
     "measure_costs",
     "measure_curve",
     "measure_curves",
+    "until_consistent",
 ]
 
+T = TypeVar("T")
 EMA = 0.1  # weight of one new observation
 CONSISTENT, SLACK_MS = 0.85, 0.5  # `CostCurve.consistent`
 TRIES = 3  # calibrations that contradict themselves before one is used uncached
@@ -190,11 +192,30 @@ def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16)
     )
 
 
+def until_consistent(
+    measure: Callable[[], T], curves: Callable[[T], Iterable[CostCurve]]
+) -> tuple[T, bool]:
+    """(result, consistent): `measure()` taken again, up to TRIES times, while the curves in
+    its result (`curves(result)`) contradict themselves (`CostCurve.consistent`); the last
+    result where every try did, for the caller to use without keeping it."""
+    for attempt in range(1, TRIES + 1):
+        got = measure()
+        if all(c.consistent() for c in curves(got)):
+            return got, True
+        then = "measuring again..." if attempt < TRIES else "using the last for this run only"
+        print(
+            f"specwise: the costs measured contradict themselves (was the machine busy?); {then}",
+            file=sys.stderr,
+        )
+    return got, False
+
+
 def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
     """The cached calibration for this machine, target and drafters; measured (and cached in
     $SPECWISE_HOME/costs) when there is none, or when the cached one contradicts itself
-    (`CostCurve.consistent`). A measurement that contradicts itself is taken again, up to
-    TRIES times; the last is used for this process only and never cached."""
+    (`CostCurve.consistent`). A measurement that contradicts itself is taken again
+    (`until_consistent`); where every try did, the last is used for this process only and
+    never cached (the costs of the rounds run correct it as they go)."""
     from specwise.models import home
 
     path = home() / "costs" / f"{cache_key(target, drafters)}.json"
@@ -209,21 +230,11 @@ def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
         "specwise: measuring forward costs once for this model pair and machine...",
         file=sys.stderr,
     )
-    for _ in range(TRIES):
-        model = measure_costs(target, drafters)
-        if model.target.consistent():
-            model.save(path)
-            return model
-        print(
-            "specwise: the forward costs measured contradict themselves (was the machine "
-            "busy?); measuring again...",
-            file=sys.stderr,
-        )
-    print(
-        f"specwise: using the last of {TRIES} contradictory measurements for this run only "
-        f"(not kept); the costs of the rounds run correct it as they go",
-        file=sys.stderr,
+    model, consistent = until_consistent(
+        lambda: measure_costs(target, drafters), lambda m: [m.target]
     )
+    if consistent:
+        model.save(path)
     return model
 
 
