@@ -151,6 +151,9 @@ def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_
     calm = CostCurve({1: 29.3, 2: 32.0, 4: 55.4, 8: 81.7})
     assert not busy.consistent() and calm.consistent()
     assert CostCurve({1: 0.05, 2: 0.01, 3: 0.3}).consistent()  # timer noise on a toy model
+    # mainline's real curve, cached on the Zen 5 machine: its 16-token kernel is cheaper
+    switch = {1: 36.0, 8: 148.0, 14: 254.0, 15: 231.0, 16: 183.0}
+    assert CostCurve(switch).consistent()
     target = ToyLM(vocab=12, seed=1)
     drafters = make_drafters(["ngram"], None)
     path = tmp_path / "costs" / f"{costs.cache_key(target, drafters)}.json"
