@@ -506,6 +506,59 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_replay(a: argparse.Namespace) -> int:
+    """`bench replay`: record plain greedy answers, replay drafter sets over them (priced)."""
+    from tqdm import tqdm
+
+    from specwise.bench import replay
+    from specwise.bench.session import default_out, pick
+    from specwise.bench.workloads import builtin, interleaved, load_jsonl, render
+    from specwise.costs import calibrated
+    from specwise.drafters import make_drafter
+
+    sets = [[n.strip() for n in s.split("+") if n.strip()] for s in a.sets.split(";")]
+    sets = [s for s in sets if s]
+    if not sets:
+        raise UsageError(f"--sets {a.sets!r} names no drafters; e.g. 'ngram;ngram+suffix'")
+    names = list(dict.fromkeys(n for s in sets for n in s))
+    for n in names:
+        if n in DRAFT_MODEL or n == "heads" or not getattr(make_drafter(n), "cheap", False):
+            raise UsageError(
+                f"--sets names {n}, which drafts with a model; replay runs the drafters that "
+                f"copy text (ngram, suffix, suffix-chain): measure {n} with `specwise bench`"
+            )
+    if a.max_tokens < 2:
+        raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
+    options = _drafter_options(a, names)
+    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    if a.prompts and a.categories:
+        prompts = [p for p in prompts if p.category in a.categories]
+    prompts = interleaved(pick(prompts, a.limit))  # the categories mixed, as a server sees them
+    if not prompts:
+        raise UsageError("no prompts left to run (check --categories and --prompts)")
+    target, _ = _load_models(a, need_draft=False)
+    costs = calibrated(target, [make_drafter(n, **options[n]) for n in names])
+    ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
+    out = Path(a.out) if a.out else default_out("-replay")
+    bars: list = []
+
+    def progress(desc: str, total: int):
+        for bar in bars:  # one bar at a time: the last one's work is done
+            bar.close()
+        bars.append(tqdm(total=total, desc=desc, unit="req", file=sys.stderr))
+        return bars[-1].update
+
+    try:
+        lines = replay.run(target, ids, sets, options, costs, a.max_tokens, out, progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(f"speedup over plain decoding, priced at this machine's costs ({target.info.backend}):")
+    print("\n".join(lines))
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
 def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]:
     """(drafters, those run at the numeric k's; None: all) for `bench`. --drafter and
     --fixed-drafter where given; by default `auto` runs over what generate and serve use by
@@ -568,6 +621,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return 0
     if a.bench_command == "adapt":
         return _bench_adapt(a)
+    if a.bench_command == "replay":
+        return _bench_replay(a)
     if a.bench_command == "backend":
         from specwise.bench.backend import run_backend_bench
 
@@ -1057,6 +1112,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens added to that memory, a request's worth at a time (40M)",
     )
     bs.add_argument("--out", help="output folder (default bench-results/<timestamp>-suffix)")
+    bv = bsub.add_parser(
+        "replay",
+        help="drafter sets and the controller replayed over recorded greedy answers, priced at "
+        "this machine's costs, beside what hindsight gets from the same drafts (no timing noise)",
+    )
+    _model_args(bv)
+    bv.add_argument(
+        "--sets",
+        default="ngram;ngram+suffix",
+        help="drafter sets to replay, each as auto over it: sets separated by ';', names in a "
+        "set by '+' (drafters that copy text: ngram, suffix, suffix-chain; default "
+        "'ngram;ngram+suffix')",
+    )
+    bv.add_argument("--categories", type=_csv(str, "names"), help="categories to run")
+    bv.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
+    bv.add_argument("--limit", type=int, help="prompts per category")
+    bv.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (256)")
+    bv.add_argument("--out", help="output folder (default bench-results/<timestamp>-replay)")
     ba = bsub.add_parser(
         "adapt",
         help="the heads drafter on requests it was not trained for, as trained and adapting "

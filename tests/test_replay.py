@@ -1,0 +1,124 @@
+"""`specwise bench replay`: the stand-in target that answers with a recording, the replay of
+the engine over it, hindsight's bound, and the command."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specwise.bench.replay import (
+    Recorded,
+    Recording,
+    _accepted_path,
+    hindsight,
+    replay,
+    speedups,
+)
+from specwise.cli import main
+from specwise.costs import CostCurve, CostModel
+from specwise.drafters.base import Draft, make_drafters
+from toy import ToyLM
+
+NAMES = ["ngram", "suffix"]
+
+
+def _costs() -> CostModel:
+    free = dict.fromkeys(NAMES, 0.0)
+    return CostModel(CostCurve({1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0, 16: 25.0}), free, 0.0, free)
+
+
+def test_the_recorded_target_answers_every_row_with_the_recording():
+    lm = Recorded(ToyLM(vocab=12))
+    lm.play(Recording("c", "x", [5, 1, 2], [3, 4, 6, 7]))  # truth 5 1 2 3 4 6 7, then the end
+    (rows,) = lm.forward([(0, [5, 1])])
+    assert rows.argmax(axis=1).tolist() == [1, 2]
+    (last,) = lm.forward([(0, [2, 3])], last_only=True)
+    assert last.argmax(axis=1).tolist() == [4]  # row of position 3
+    # A tree under the last token: rows follow each token's depth, not its index.
+    (tree,) = lm.forward([(0, [4, 6, 9, 7])], trees=[[-1, 0, 0, 1]])
+    assert tree.argmax(axis=1).tolist() == [6, 7, 7, 0]  # depth 0, 1, 1, 2 (past the end: 0)
+    lm.keep(0, [0, 1, 3])  # keep 4 6 7: the cache is as a chain would leave it
+    assert lm.length(0) == 7
+    (rows,) = lm.forward([(0, [7])])
+    assert rows.argmax(axis=1).tolist() == [0]
+    lm.truncate(0, 3)
+    (rows,) = lm.forward([(0, [3, 4])], rows=[1])
+    assert rows.shape[0] == 1 and rows.argmax(axis=1).tolist() == [4]
+    lm.release(0)
+    assert lm.in_use() == 0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parents", "truth", "accepted"),
+    [
+        ([2, 3, 4], None, [2, 3, 7], 2),
+        ([2, 3, 4], None, [9], 0),
+        ([2, 3, 7, 9], [-1, 0, 1, 1], [2, 3, 9, 1], 3),  # the second child of 3
+        ([2, 8, 3, 9], [-1, -1, 0, 2], [8, 3], 1),  # 8's subtree has nothing more
+        ([2, 8, 3, 9], [-1, -1, 0, 2], [2, 3, 9], 3),
+    ],
+)
+def test_the_accepted_path_follows_the_answer_through_a_chain_or_a_tree(
+    tokens, parents, truth, accepted
+):
+    assert _accepted_path(Draft(tokens, None, None, parents), truth) == accepted
+
+
+def test_hindsight_drafts_the_accepted_prefix_whose_round_pays_best():
+    # After the first token the context ends in 5 1, which the prompt continues with 2 3 4;
+    # the answer goes 2 3 7: two of three accepted. Costs 10, 11, 12 ms for 1, 2, 3 tokens:
+    # drafting both (3 tokens for 12 ms) beats one (2 for 11) and plain (1 for 10); then one
+    # token is left, plainly. 22 ms against plain's 4 x 10.
+    rec = Recording("c", "x", [5, 1, 2, 3, 4, 6, 5], [1, 2, 3, 7, 8])
+    (got,) = hindsight(ToyLM(vocab=12), [rec], make_drafters(["ngram"]), _costs())
+    assert (got.ms, got.plain_ms, got.rounds, got.drafted, got.accepted) == (22.0, 40.0, 2, 1, 2)
+    assert speedups([got]) == {"c": pytest.approx(40 / 22), "all": pytest.approx(40 / 22)}
+
+
+def test_a_replay_gives_the_recorded_answer_and_prices_each_round_as_the_controller_does():
+    rng = np.random.default_rng(0)
+    block = [int(t) for t in rng.integers(1, 12, size=24)]
+    recs = [
+        Recording("copy", "a", [*block, 1], block[:20]),  # the answer copies the prompt
+        Recording("copy", "b", [3, 1], block[:16]),  # ... the earlier answer (suffix memory)
+        Recording("free", "c", [2, 2], [int(t) for t in rng.integers(1, 12, size=16)]),
+    ]
+    target = ToyLM(vocab=12)  # takes trees: the suffix drafter offers them
+    for names in (["ngram"], NAMES):
+        got = replay(target, recs, make_drafters(names), _costs())
+        assert [p.category for p in got] == ["copy", "copy", "free"]
+        assert all(p.plain_ms == (len(r.output) - 1) * 10.0 for p, r in zip(got, recs, strict=True))
+        assert got[0].drafted > 0 and got[0].accepted > 0
+        assert got[0].ms < got[0].plain_ms
+        bound = hindsight(target, recs, make_drafters(names), _costs())
+        assert sum(p.ms for p in bound) <= sum(p.ms for p in got)
+
+
+def test_a_replay_refuses_an_answer_it_cannot_reproduce(monkeypatch):
+    rec = Recording("c", "x", [1, 2, 3, 1, 2], [3, 1, 2, 3])
+    lm_next = Recorded._next
+    monkeypatch.setattr(Recorded, "_next", lambda self, p: 0 if p == 7 else lm_next(self, p))
+    with pytest.raises(ValueError, match="x: the replayed answer differs from the recorded one"):
+        replay(ToyLM(vocab=12), [rec], make_drafters(["ngram"]), _costs())
+
+
+def test_the_command_replays_over_the_smallest_model(smollm2_path, tmp_path, capsys):
+    out = tmp_path / "replay"
+    args = ["bench", "replay", "--target", str(smollm2_path), "--categories", "code_editing"]
+    assert main([*args, "--limit", "1", "--max-tokens", "24", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = "| category | auto[ngram] | hindsight[ngram] | auto[ngram+suffix] | hindsight[ngram+suffix] |"
+    assert header in printed and "| code_editing |" in printed
+    assert (out / "replay.md").read_text().splitlines()[0] == header
+    assert len((out / "recordings.jsonl").read_text().splitlines()) == 1
+
+
+def test_the_command_refuses_sets_it_cannot_replay(capsys):
+    assert main(["bench", "replay", "--sets", "ngram;model"]) == 2
+    assert "--sets names model, which drafts with a model" in capsys.readouterr().err
+    assert main(["bench", "replay", "--sets", " ; "]) == 2
+    assert "--sets ' ; ' names no drafters" in capsys.readouterr().err
+    assert main(["bench", "replay", "--max-tokens", "1"]) == 2
+    assert "--max-tokens 1 is invalid" in capsys.readouterr().err
+    assert main(["bench", "replay", "--sets", "sufix"]) == 2
+    assert "unknown drafter 'sufix'" in capsys.readouterr().err
