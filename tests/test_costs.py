@@ -156,7 +156,7 @@ def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_
     assert CostCurve(switch).consistent()
     target = ToyLM(vocab=12, seed=1)
     drafters = make_drafters(["ngram"], None)
-    path = tmp_path / "costs" / f"{costs.cache_key(target, drafters)}.json"
+    path = tmp_path / "costs" / f"{costs.target_key(target)}.json"
     measured = iter([busy, busy, calm])
     monkeypatch.setattr(costs, "measure_curve", lambda lm, sizes: next(measured))
     assert costs.calibrated(target, drafters).target.ms == calm.ms  # the third try
@@ -167,3 +167,36 @@ def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_
     assert CostModel.load(path).target.ms == busy.ms  # nothing saved: still the bad one...
     measured = iter([calm])
     assert costs.calibrated(target, drafters).target.ms == calm.ms  # ...so it is measured again
+
+
+def test_every_set_of_drafters_prices_the_target_with_one_curve(tmp_path, monkeypatch):
+    """The target's calls are measured once for all sets of drafters (each set measured
+    at its own time would price the same call differently, for good), each drafter's cost
+    once by what it runs; what is missing is measured, nothing else."""
+    from specwise import costs
+    from specwise.drafters import make_drafters
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    curves = iter([CostCurve({1: 10.0, 2: 11.0}), CostCurve({1: 30.0, 2: 60.0})])
+    monkeypatch.setattr(costs, "measure_curve", lambda lm, sizes: next(curves))
+    measured: list[str] = []
+
+    def drafters(names):
+        ds = make_drafters(names, None)
+        for d in ds:
+            monkeypatch.setattr(
+                d, "measure_cost", lambda n=d.name: measured.append(n) or (0.1, 0.0)
+            )
+        return ds
+
+    target = ToyLM(vocab=12, seed=1)
+    one = costs.calibrated(target, drafters(["ngram"]))
+    two = costs.calibrated(target, drafters(["ngram", "suffix"]))
+    assert one.target.ms == two.target.ms == {1: 10.0, 2: 11.0}
+    assert measured == ["ngram", "suffix"]
+    assert two.draft_ms_per_token == {"ngram": 0.1, "suffix": 0.1}
+    assert sorted(p.name for p in (tmp_path / "costs").iterdir()) == sorted(
+        [f"{costs.target_key(target)}.json", f"drafters-{costs._key([costs.machine()])}.json"]
+    )
+    two.target.observe(1, 50.0)  # a controller's copy learns alone
+    assert costs.calibrated(target, drafters(["suffix"])).target.ms == {1: 10.0, 2: 11.0}

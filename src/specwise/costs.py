@@ -2,8 +2,9 @@
 
 `CostCurve` maps tokens-in-one-call to milliseconds (median of repeats after a warm-up) and
 is updated from the rounds actually run. `measure_curve` calibrates one; `CostModel` holds the
-target's curve, each drafter's cost per proposed token and the per-round overhead, and is
-cached on disk keyed by model files, backend, threads and machine. A call that serves several
+target's curve, each drafter's cost per proposed token and the per-round overhead; `calibrated`
+caches the target's part by model files, backend, threads and machine (one for every set of
+drafters), and each drafter's cost by what it runs and the machine. A call that serves several
 sequences runs as the backend's passes (`LM.passes`: sequences x tokens each); `CostModel`
 prices it as the sum of its passes, a pass of one sequence by the curve and a pass of several
 by what such passes were observed to cost (the curve at the pass's total tokens until then).
@@ -35,9 +36,11 @@ __all__ = [
     "Pass",
     "cache_key",
     "calibrated",
+    "drafter_costs",
     "measure_costs",
     "measure_curve",
     "measure_curves",
+    "target_key",
     "until_consistent",
 ]
 
@@ -171,29 +174,52 @@ def measure_curves(
     }
 
 
-def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
-    """Identifies a measurement: machine, target weights, backend and its library, threads,
-    exact mode, drafters."""
+def _key(parts: Sequence[str]) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def _target_parts(target: LM) -> list[str]:
     info = target.info
     parts = [machine(), f"{info.backend}:{info.library}:{info.fingerprint}:{info.threads}"]
-    parts += ["exact"] if info.exact else []
-    parts += sorted(d.fingerprint for d in drafters)
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+    return parts + (["exact"] if info.exact else [])
+
+
+def target_key(target: LM) -> str:
+    """Identifies a measurement of the target's calls: machine, target weights, backend and
+    its library, threads, exact mode."""
+    return _key(_target_parts(target))
+
+
+def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
+    """`target_key` and the drafters: identifies what is learnt of a set of drafters on a
+    target (`controller.memory`)."""
+    return _key(_target_parts(target) + sorted(d.fingerprint for d in drafters))
+
+
+def drafter_costs(drafters: Sequence[Drafter]) -> dict[str, tuple[float, float]]:
+    """Each drafter's (ms per proposed token, ms per context token caught up), measured now,
+    by fingerprint (drafters that run one thing are measured once)."""
+    out: dict[str, tuple[float, float]] = {}
+    for d in drafters:
+        if d.fingerprint not in out:
+            out[d.fingerprint] = d.measure_cost()
+    return out
+
+
+def _with_drafters(
+    model: CostModel, drafters: Sequence[Drafter], by_fingerprint: Mapping[str, Sequence[float]]
+) -> CostModel:
+    model.draft_ms_per_token = {d.name: float(by_fingerprint[d.fingerprint][0]) for d in drafters}
+    model.catch_up_ms_per_token = {
+        d.name: float(by_fingerprint[d.fingerprint][1]) for d in drafters
+    }
+    return model
 
 
 def measure_costs(target: LM, drafters: Sequence[Drafter], max_tokens: int = 16) -> CostModel:
     """Calibrate now: the target's curve for 1..max_tokens tokens, each drafter's ms/token."""
     curve = measure_curve(target, sizes=range(1, max_tokens + 1))
-    by_fingerprint: dict[str, tuple[float, float]] = {}  # drafters running one thing: once
-    for d in drafters:
-        if d.fingerprint not in by_fingerprint:
-            by_fingerprint[d.fingerprint] = d.measure_cost()
-    measured = {d.name: by_fingerprint[d.fingerprint] for d in drafters}
-    return CostModel(
-        curve,
-        {name: per_token for name, (per_token, _) in measured.items()},
-        catch_up_ms_per_token={name: catch for name, (_, catch) in measured.items()},
-    )
+    return _with_drafters(CostModel(curve), drafters, drafter_costs(drafters))
 
 
 def until_consistent(
@@ -215,31 +241,39 @@ def until_consistent(
 
 
 def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
-    """The cached calibration for this machine, target and drafters; measured (and cached in
-    $SPECWISE_HOME/costs) when there is none, or when the cached one contradicts itself
-    (`CostCurve.consistent`). A measurement that contradicts itself is taken again
-    (`until_consistent`); where every try did, the last is used for this process only and
-    never cached (the costs of the rounds run correct it as they go)."""
-    from specwise.models import home
+    """This machine's costs for the target and the drafters, from $SPECWISE_HOME/costs, where
+    what is missing is measured now and cached. The target's calls are cached once for every
+    set of drafters (`target_key`), so every configuration prices them alike; each drafter's
+    cost by its fingerprint. A target curve that contradicts itself (`CostCurve.consistent`),
+    cached or just measured, is measured again (`until_consistent`); where every try did, the
+    last is used for this process only and never cached (the costs of the rounds run correct
+    it as they go)."""
+    from specwise.models import home, save_json
 
-    path = home() / "costs" / f"{cache_key(target, drafters)}.json"
+    folder = home() / "costs"
+    path = folder / f"{target_key(target)}.json"
     model = CostModel.load(path)
-    if (
-        model is not None
-        and all(d.name in model.catch_up_ms_per_token for d in drafters)
-        and model.target.consistent()
-    ):
-        return model
-    print(
-        "specwise: measuring forward costs once for this model pair and machine...",
-        file=sys.stderr,
-    )
-    model, consistent = until_consistent(
-        lambda: measure_costs(target, drafters), lambda m: [m.target]
-    )
-    if consistent:
-        model.save(path)
-    return model
+    if model is None or not model.target.consistent():
+        print(
+            "specwise: measuring the target's forward costs once for this machine...",
+            file=sys.stderr,
+        )
+        curve, consistent = until_consistent(
+            lambda: measure_curve(target, sizes=range(1, 17)), lambda c: [c]
+        )
+        model = CostModel(curve)
+        if consistent:
+            model.save(path)
+    drafts = folder / f"drafters-{_key([machine()])}.json"
+    try:
+        known = {k: v for k, v in json.loads(drafts.read_text()).items() if len(v) == 2}
+    except (OSError, ValueError, AttributeError, TypeError):
+        known = {}
+    missing = [d for d in drafters if d.fingerprint not in known]
+    if missing:
+        known.update(drafter_costs(missing))
+        save_json(drafts, known, indent=1)
+    return _with_drafters(model, drafters, known)
 
 
 Pass = tuple[int, int]  # one pass of the target inside a call: (sequences, tokens each)
