@@ -322,7 +322,8 @@ def run(
     progress: Callable[[str, int], Callable[[int], None]],
 ) -> list[str]:
     """Record the prompts' answers, replay each drafter set and its hindsight bound, write
-    recordings.jsonl, replay.json and replay.md to `out`; returns the table's lines."""
+    recordings.jsonl, replay.json and replay.md to `out`; returns replay.md's lines: the cost
+    curve priced at, and the table."""
     out.mkdir(parents=True, exist_ok=True)
     recs = record(target, prompts, max_tokens, progress("recording plain answers", len(prompts)))
     with open(out / "recordings.jsonl", "w") as f:
@@ -345,7 +346,8 @@ def run(
             costs,
             progress(f"hindsight[{label}]", len(recs)),
         )
-    lines = table(results)
+    curve = ", ".join(f"{n}: {costs.target(n):.1f}" for n in (1, 2, 4, 8, 16))
+    lines = [f"priced at ms per target call by tokens in it ({curve})", *table(results)]
     (out / "replay.json").write_text(
         json.dumps({n: [asdict(p) for p in ps] for n, ps in results.items()}, indent=1)
     )
