@@ -506,18 +506,38 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_prompts(a: argparse.Namespace) -> list:
+    """The prompts a bench command runs: --prompts (or the shipped ones), --categories, at most
+    --limit per category; UsageError when none are left."""
+    from specwise.bench.session import pick
+    from specwise.bench.workloads import builtin, load_jsonl
+
+    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
+    if a.prompts and a.categories:
+        prompts = [p for p in prompts if p.category in a.categories]
+    prompts = pick(prompts, a.limit)
+    if not prompts:
+        raise UsageError("no prompts left to run (check --categories and --prompts)")
+    return prompts
+
+
+def _drafter_sets(value: str) -> list[list[str]]:
+    """'a;b+c' -> [[a], [b, c]]: sets separated by ';', names in a set by '+'."""
+    sets = [[n.strip() for n in s.split("+") if n.strip()] for s in value.split(";")]
+    return [s for s in sets if s]
+
+
 def _bench_replay(a: argparse.Namespace) -> int:
     """`bench replay`: record plain greedy answers, replay drafter sets over them (priced)."""
     from tqdm import tqdm
 
     from specwise.bench import replay
-    from specwise.bench.session import default_out, pick
-    from specwise.bench.workloads import builtin, interleaved, load_jsonl, render
+    from specwise.bench.session import default_out
+    from specwise.bench.workloads import interleaved, render
     from specwise.costs import calibrated
     from specwise.drafters import make_drafter
 
-    sets = [[n.strip() for n in s.split("+") if n.strip()] for s in a.sets.split(";")]
-    sets = [s for s in sets if s]
+    sets = _drafter_sets(a.sets)
     if not sets:
         raise UsageError(f"--sets {a.sets!r} names no drafters; e.g. 'ngram;ngram+suffix'")
     names = list(dict.fromkeys(n for s in sets for n in s))
@@ -530,12 +550,7 @@ def _bench_replay(a: argparse.Namespace) -> int:
     if a.max_tokens < 2:
         raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
     options = _drafter_options(a, names)
-    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
-    if a.prompts and a.categories:
-        prompts = [p for p in prompts if p.category in a.categories]
-    prompts = interleaved(pick(prompts, a.limit))  # the categories mixed, as a server sees them
-    if not prompts:
-        raise UsageError("no prompts left to run (check --categories and --prompts)")
+    prompts = interleaved(_bench_prompts(a))  # the categories mixed, as a server sees them
     target, _ = _load_models(a, need_draft=False)
     costs = calibrated(target, [make_drafter(n, **options[n]) for n in names])
     ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
@@ -576,8 +591,7 @@ def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from specwise.bench.runner import Options
-    from specwise.bench.session import default_out, pick, run_bench
-    from specwise.bench.workloads import builtin, load_jsonl
+    from specwise.bench.session import default_out, run_bench
     from specwise.lossy import check_rule
 
     if a.bench_command == "load":
@@ -642,10 +656,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             )
 
     among_drafters("--fixed-drafter", a.fixed_drafter, fixed or [])
-    auto_sets = [
-        [n.strip() for n in s.split("+") if n.strip()] for s in (a.auto_drafters or "").split(";")
-    ]
-    auto_sets = [s for s in auto_sets if s]
+    auto_sets = _drafter_sets(a.auto_drafters or "")
     if auto_sets and "auto" not in (a.k or ["auto"]):
         raise UsageError("--auto-drafters needs auto among the --k values")
     among_drafters("--auto-drafters", a.auto_drafters, [n for s in auto_sets for n in s])
@@ -678,12 +689,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         SamplingParams(temperature=t)  # validates
     for p in options.top_ps or []:
         SamplingParams(top_p=p)
-    prompts = load_jsonl(a.prompts) if a.prompts else builtin(a.categories)
-    if a.prompts and a.categories:
-        prompts = [p for p in prompts if p.category in a.categories]
-    prompts = pick(prompts, a.limit)
-    if not prompts:
-        raise UsageError("no prompts left to run (check --categories and --prompts)")
+    prompts = _bench_prompts(a)
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
     target, draft = _load_models(a, need_draft=bool(runs_draft), hidden="heads" in drafters)
     if runs_draft and draft is None:
