@@ -541,18 +541,26 @@ def _bench_replay(a: argparse.Namespace) -> int:
     if not sets:
         raise UsageError(f"--sets {a.sets!r} names no drafters; e.g. 'ngram;ngram+suffix'")
     names = list(dict.fromkeys(n for s in sets for n in s))
+
+    def refuse(n: str) -> UsageError:
+        return UsageError(
+            f"--sets names {n}, which drafts with a model; replay runs the drafters that "
+            f"copy text (ngram, suffix, suffix-chain): measure {n} with `specwise bench`"
+        )
+
     for n in names:
-        if n in DRAFT_MODEL or n == "heads" or not getattr(make_drafter(n), "cheap", False):
-            raise UsageError(
-                f"--sets names {n}, which drafts with a model; replay runs the drafters that "
-                f"copy text (ngram, suffix, suffix-chain): measure {n} with `specwise bench`"
-            )
+        if n in DRAFT_MODEL or n == "heads":  # before their options: they need models
+            raise refuse(n)
+    options = _drafter_options(a, names)
+    drafters = [make_drafter(n, **options[n]) for n in names]
+    for d in drafters:
+        if not d.cheap:
+            raise refuse(d.name)
     if a.max_tokens < 2:
         raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
-    options = _drafter_options(a, names)
     prompts = interleaved(_bench_prompts(a))  # the categories mixed, as a server sees them
     target, _ = _load_models(a, need_draft=False)
-    costs = calibrated(target, [make_drafter(n, **options[n]) for n in names])
+    costs = calibrated(target, drafters)
     ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
     out = Path(a.out) if a.out else default_out("-replay")
     bars: list = []

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specwise.acceptance import positions
 from specwise.backends.base import LM, check_tree
 from specwise.controller.planner import Controller
 from specwise.controller.pricing import Batch, Pricing
@@ -32,6 +33,7 @@ from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, make_drafters
 from specwise.engine import CHEAP_MAX_K, Engine
 from specwise.sampling import SamplingParams
+from specwise.verify import tree_greedy_match
 
 __all__ = ["Recorded", "Recording", "frozen", "hindsight", "record", "replay", "table"]
 
@@ -219,18 +221,14 @@ def replay(
 
 
 def _accepted_path(draft: Draft, truth: Sequence[int]) -> int:
-    """How many tokens greedy verification accepts of `draft` (a chain or a tree) when the
-    target's answer continues with `truth`."""
-    shape = draft.shape()
-    parent, n = -1, 0
-    while n < len(truth):
-        child = next(
-            (i for i, q in enumerate(shape) if q == parent and draft.tokens[i] == truth[n]), None
-        )
-        if child is None:
-            break
-        parent, n = child, n + 1
-    return n
+    """How many tokens greedy verification (`verify.tree_greedy_match`, as the engine runs it)
+    accepts of `draft` (a chain or a tree) when the target's answer continues with `truth`:
+    the row after a token of depth d holds truth[d + 1] (-1 past its end)."""
+    after = [
+        truth[d + 1] if d + 1 < len(truth) else -1
+        for d in positions(draft.parents, len(draft.tokens))
+    ]
+    return tree_greedy_match(draft.tokens, draft.shape(), [truth[0], *after]).accepted
 
 
 def hindsight(
@@ -250,6 +248,7 @@ def hindsight(
     for d in drafters:
         d.bind(target)
     greedy = SamplingParams()
+    plain = pricing.round_ms(None, 0, Batch())
     out = []
     for seq, rec in enumerate(recordings):
         for d in drafters:
@@ -260,11 +259,8 @@ def hindsight(
             done = len(context) - len(rec.prompt)
             room = len(rec.output) - done - 1
             truth = rec.output[done:]
-            plain = pricing.round_ms(None, 0, Batch())
             best = (1.0 / plain, None, 0, plain)
-            for d in drafters:
-                if room <= 0:
-                    break
+            for d in drafters if room > 0 else ():
                 draft = d.propose(seq, context, min(room, CHEAP_MAX_K), greedy, None)  # type: ignore[arg-type]
                 for m in range(1, _accepted_path(draft, truth) + 1):
                     c = pricing.round_ms(d.name, m, Batch())
