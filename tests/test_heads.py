@@ -193,6 +193,7 @@ def test_vocab_is_the_most_frequent_top_tokens_and_labels_stay_in_their_sequence
         top_ids=np.array([[3] * 16, [3] * 16, [1] * 16, [1] * 16, [1] * 16, [7] * 16]),
         top_probs=np.full((6, 16), 1 / 16, dtype=np.float16),
         seq=np.array([0, 0, 0, 1, 1, 1]),
+        tokens=np.array([3, 3, 1, 1, 1, 7]),
     )
     assert list(distill.choose_vocab(data, 2)) == [1, 3]
     assert list(distill.choose_vocab(data, 1, always=[9])) == [1, 9]

@@ -51,6 +51,23 @@ def test_gguf_hidden_states_are_the_output_layers_input(gguf_cls, gguf_path):
     assert lm.hidden(0) is None
 
 
+def test_gguf_keeps_every_state_since_the_prompts_last_position(gguf_cls, gguf_path):
+    """`hiddens`: the states of every position a forward computed, through a rollback."""
+    lm = gguf_cls(gguf_path, context_length=256, max_sequences=1, hidden=True)
+    out = _output_rows(gguf_path)
+    prompt = [10 + (7 * i) % 200 for i in range(40)]
+    last = lm.forward([(0, prompt)], last_only=True)[0][-1]
+    first = lm.forward([(0, [5, 6, 7])])[0]  # positions 40..42
+    lm.truncate(0, 42)  # 40 and 41 stay
+    then = lm.forward([(0, [8, 9])])[0]  # 42, 43
+    got = lm.hiddens(0, 39)
+    assert got.shape == (5, lm.hidden_size)
+    for h, row in zip(got, [last, first[0], first[1], then[0], then[1]], strict=True):
+        assert _agree(h, row, out) > 0.99
+    np.testing.assert_array_equal(got[-1], lm.hidden(0))
+    assert lm.hiddens(0, 38) is None  # the prefill computed its last row only
+
+
 def test_gguf_hidden_states_are_off_unless_asked(gguf_cls, gguf_path):
     lm = gguf_cls(gguf_path, context_length=128, max_sequences=1)
     lm.forward([(0, [1, 2, 3])])
@@ -70,6 +87,9 @@ def test_a_kept_tree_path_keeps_its_rows_hidden_states(gemma_path):
     assert lm.hidden(0) is None  # until a path is kept
     lm.keep(0, [0, 3])
     kept = lm.hidden(0)
+    path = lm.hiddens(0, 29)  # the prompt's last, then the kept path's 5 and 8
+    assert path.shape[0] == 3
+    np.testing.assert_array_equal(path[-1], kept)
     lm.truncate(0, 30)
     lm.forward([(0, [5, 8])])
     assert np.corrcoef(kept, lm.hidden(0))[0, 1] > 0.999

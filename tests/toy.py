@@ -143,6 +143,16 @@ class ToyLM:
         out[a * self.vocab_size + cache[-1]] = 1.0
         return out
 
+    def hiddens(self, seq, start):
+        cache = self.caches.get(seq, [])
+        if not self.hidden_size or seq in self.pending or not 0 <= start <= len(cache):
+            return None
+        out = np.zeros((len(cache) - start, self.hidden_size), dtype=np.float32)
+        for i, p in enumerate(range(start, len(cache))):
+            a = cache[p - 1] if p > 0 else 0
+            out[i, a * self.vocab_size + cache[p]] = 1.0
+        return out
+
     def keep(self, seq, path):
         base, tokens, parents = self.pending.pop(seq)
         check_path(seq, parents, path)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.backends import BACKENDS
-from specwise.drafters import DRAFT_MODEL
+from specwise.drafters import DRAFT_MODEL, READS_STATES
 from specwise.drafters.suffix import SCOPES
 from specwise.sampling import SamplingParams
 from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT
@@ -68,7 +68,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        help="drafters, comma separated (model, ngram, suffix, suffix-chain, heads); default "
+        help="drafters, comma separated (model, ngram, suffix, suffix-chain, heads, eagle); default "
         "with --k "
         "auto: ngram "
         "and suffix, plus model with --draft; with a fixed k: model with --draft, else ngram",
@@ -191,27 +191,35 @@ def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]
     suffix = {"scope": a.suffix_scope, "budget_mib": a.suffix_budget}
     given = {"suffix": {**suffix, "branches": a.suffix_branches}, "suffix-chain": suffix}
     if "heads" in names:
-        given["heads"] = {"heads": _trained_heads(a)}
+        given["heads"] = {"heads": _trained(a, "heads")}
+    if "eagle" in names:
+        given["eagle"] = {"layer": _trained(a, "eagle")}
     options = {n: given.get(n, {}) for n in names if n not in DRAFT_MODEL}
     for n, o in options.items():
         make_drafter(n, **o)
     return options
 
 
-def _trained_heads(a: argparse.Namespace):
-    """The heads trained for the target (`specwise heads train`), or UsageError."""
+def _trained(a: argparse.Namespace, arch: str):
+    """The drafter network trained for the target (`specwise heads train --arch ARCH`: the
+    heads, or the eagle drafter's layer), or UsageError."""
     from specwise.backends import resolve_model
+    from specwise.distill import ARCHS
+    from specwise.drafters.eagle import Layer
     from specwise.drafters.heads import Heads, heads_path
 
     _apply_pair(a)
     model = resolve_model(a.target)
-    path = heads_path(model) / "heads.pt"
+    path = heads_path(model) / ARCHS[arch]
     if not path.exists():
+        what = "drafting heads are" if arch == "heads" else "drafting layer is"
+        how = "" if arch == "heads" else " --arch eagle"
         raise UsageError(
-            f"no drafting heads are trained for {model.name} here; train them with `specwise "
-            f"heads train --target {a.target}` (about 30 minutes), or drop heads from --drafter"
+            f"no {what} trained for {model.name} here; train {'them' if arch == 'heads' else 'one'} "
+            f"with `specwise heads train --target {a.target}{how}` (about 30 minutes), or drop "
+            f"{arch} from --drafter"
         )
-    return Heads.load(path)
+    return (Heads if arch == "heads" else Layer).load(path)
 
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
@@ -225,7 +233,10 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     adapter = _adapter(a, names, options)
     need_draft = any(n in DRAFT_MODEL for n in names)
     target, draft = _load_models(
-        a, need_draft=need_draft, max_sequences=max_sequences, hidden="heads" in names
+        a,
+        need_draft=need_draft,
+        max_sequences=max_sequences,
+        hidden=any(n in READS_STATES for n in names),
     )
     if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
         try:
@@ -399,7 +410,7 @@ def _bench_adapt(a: argparse.Namespace) -> int:
         raise UsageError(f"--budget {a.budget:g} is invalid; use a share of one core, 0 < x <= 1")
     if a.temperature < 0:
         raise UsageError(f"--temperature {a.temperature:g} is invalid; use >= 0")
-    heads = _trained_heads(a)
+    heads = _trained(a, "heads")
     target, _ = _load_models(a, need_draft=False, hidden=True)
     out = Path(a.out) if a.out else default_out("-adapt")
     lines = adapt.run(
@@ -549,7 +560,7 @@ def _bench_replay(a: argparse.Namespace) -> int:
         )
 
     for n in names:
-        if n in DRAFT_MODEL or n == "heads":  # before their options: they need models
+        if n in DRAFT_MODEL or n in READS_STATES:  # before their options: they need models
             raise refuse(n)
     options = _drafter_options(a, names)
     drafters = [make_drafter(n, **options[n]) for n in names]
@@ -699,7 +710,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
         SamplingParams(top_p=p)
     prompts = _bench_prompts(a)
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
-    target, draft = _load_models(a, need_draft=bool(runs_draft), hidden="heads" in drafters)
+    target, draft = _load_models(
+        a, need_draft=bool(runs_draft), hidden=any(n in READS_STATES for n in drafters)
+    )
     if runs_draft and draft is None:
         raise UsageError(
             f"the {runs_draft[0]} drafter needs --draft or --pair (or drop it: --drafter ngram)"
@@ -988,8 +1001,11 @@ def cmd_heads(a: argparse.Namespace) -> int:
             "--sequences >= 1"
         )
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
-    out = distill.run(target, a.minutes, a.heads, a.vocab, a.sequences)
-    print(f"specwise: heads saved to {out}; draft with them: --drafter heads (or with --k auto)")
+    out = distill.run(target, a.minutes, a.heads, a.vocab, a.sequences, arch=a.arch)
+    print(
+        f"specwise: {'heads' if a.arch == 'heads' else 'the drafting layer'} saved to {out}; "
+        f"draft with {'them' if a.arch == 'heads' else 'it'}: --drafter {a.arch} (or with --k auto)"
+    )
     return 0
 
 
@@ -1391,6 +1407,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _heads_target_args(ht)
     ht.add_argument("--minutes", type=float, default=30.0, help="time for data and training (30)")
+    ht.add_argument(
+        "--arch",
+        choices=("heads", "eagle"),
+        default="heads",
+        help="what to train: Medusa-style heads on the last state (--drafter heads), or an "
+        "EAGLE-style layer over the answer's states (--drafter eagle); both share the data",
+    )
     ht.add_argument("--heads", type=int, default=3, help="heads, one per token drafted (3)")
     ht.add_argument(
         "--vocab", type=int, default=2048, help="tokens the heads can name, most frequent (2048)"

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from specwise.backends.base import LM, new_sequence
+from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads, heads_path, model_key
 from specwise.sampling import Sampler, SamplingParams, warp
 
@@ -46,14 +47,17 @@ __all__ = [
     "choose_vocab",
     "corpus_prompts",
     "evaluate",
+    "evaluate_layer",
     "generate",
     "load_data",
     "run",
     "soft_loss",
     "train",
+    "train_layer",
 ]
 
 TOP = 16  # target probabilities kept per position
+ARCHS = {"heads": "heads.pt", "eagle": "eagle.pt"}  # what `run` trains -> its file's name
 SHINGLE = 8  # words in a run that marks a prompt as a bench prompt's
 SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
 ASKS = (
@@ -136,12 +140,14 @@ def corpus_prompts(
 @dataclass
 class Data:
     """Positions of generated text: hidden states [n, d] (float16), the target's top TOP ids
-    [n, TOP] and probabilities [n, TOP] at each, and the sequence each belongs to [n]."""
+    [n, TOP] and probabilities [n, TOP] at each, the sequence each belongs to [n] (an answer's
+    positions are consecutive) and the token that followed each [n] (-1: not recorded)."""
 
     hidden: np.ndarray
     top_ids: np.ndarray
     top_probs: np.ndarray
     seq: np.ndarray
+    tokens: np.ndarray
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -200,9 +206,9 @@ def generate(
         s = live[seq]
         h = target.hidden(seq)
         ids, probs = _top(row)
-        s["records"].append((h.astype(np.float16), ids, probs))
         greedy = s["i"] % 2 == 0
         x = int(np.argmax(row)) if greedy else s["sampler"].categorical(warp(row, SAMPLED))
+        s["records"].append((h.astype(np.float16), ids, probs, x))
         s["n"] += 1
         s["next"] = x
         if x in target.eos_token_ids or s["n"] >= max_tokens:
@@ -241,15 +247,23 @@ def _write_shard(folder: Path, answers: list[dict]) -> None:
     if not answers:
         return
     n = len(list(folder.glob("shard-*.npz")))
-    hidden, ids, probs, seq = [], [], [], []
+    hidden, ids, probs, seq, tokens = [], [], [], [], []
     for a in answers:
-        for h, i, p in a["records"]:
+        for h, i, p, x in a["records"]:
             hidden.append(h)
             ids.append(i)
             probs.append(p)
             seq.append(a["i"])
+            tokens.append(x)
     tmp = folder / f"shard-{n:05d}.partial.npz"
-    np.savez(tmp, hidden=np.stack(hidden), ids=np.stack(ids), probs=np.stack(probs), seq=seq)
+    np.savez(
+        tmp,
+        hidden=np.stack(hidden),
+        ids=np.stack(ids),
+        probs=np.stack(probs),
+        seq=seq,
+        tokens=np.asarray(tokens, dtype=np.int32),
+    )
     tmp.replace(folder / f"shard-{n:05d}.npz")
 
 
@@ -258,12 +272,23 @@ def load_data(folder: Path) -> Data:
     shards = [np.load(p) for p in sorted(folder.glob("shard-?????.npz"))]
     if not shards:
         raise ValueError(f"{folder} holds no self-distillation data yet")
+    seq = [np.asarray(s["seq"], dtype=np.int64) for s in shards]
     return Data(
         np.concatenate([s["hidden"] for s in shards]),
         np.concatenate([s["ids"] for s in shards]),
         np.concatenate([s["probs"] for s in shards]),
-        np.concatenate([np.asarray(s["seq"], dtype=np.int64) for s in shards]),
+        np.concatenate(seq),
+        np.concatenate([_followed(s, q) for s, q in zip(shards, seq, strict=True)]),
     )
+
+
+def _followed(shard, seq: np.ndarray) -> np.ndarray:
+    """The token that followed each position of a shard: recorded, or, in shards written
+    before tokens were, the target's top token in greedy answers (even prompts) and -1 in
+    sampled ones."""
+    if "tokens" in shard:
+        return np.asarray(shard["tokens"], dtype=np.int64)
+    return np.where(seq % 2 == 0, shard["ids"][:, 0], -1).astype(np.int64)
 
 
 def choose_vocab(data: Data, size: int, always: Sequence[int] = ()) -> np.ndarray:
@@ -339,12 +364,42 @@ def train(
     one), resuming from `checkpoint` where it holds one; returns `evaluate` on the held-out
     sequences and what was done."""
     import torch
-    from tqdm import tqdm
 
     label, red, probs = _targets(data, heads.ids, heads.vocab_size, heads.n_heads)
     fit, held = _split(data)
     fit = fit[(label[fit] >= 0).any(axis=1)]
-    module = heads.module.train()
+    hidden = torch.from_numpy(data.hidden)
+
+    def batches(rng):
+        order = rng.permutation(fit)
+        for b in range(0, len(order), batch):
+            rows = order[b : b + batch]
+            lab = label[rows]  # [B, H]
+            target = torch.zeros(len(rows), heads.n_heads, len(heads.ids))
+            for i in range(heads.n_heads):
+                ok = lab[:, i] >= 0
+                if ok.any():
+                    target[torch.from_numpy(ok), i] = _dense(red, probs, lab[ok, i], len(heads.ids))
+            yield soft_loss(heads.module(hidden[rows].float()), target)
+
+    epochs = _fit(heads.module, batches, seconds, checkpoint, lr, seed, "training heads")
+    heads.publish()
+    return {
+        "epochs": epochs,
+        "train_positions": len(fit),
+        "held_out_positions": len(held),
+        **evaluate(heads, data, held, label),
+    }
+
+
+def _fit(module, batches, seconds: float, checkpoint: Path | None, lr: float, seed: int, desc: str):
+    """The training loop: AdamW on the losses `batches(rng)` yields (None: skip), whole epochs
+    while `seconds` are left (at least one), a checkpoint after each; returns the epochs done
+    (counting those of the checkpoint it resumed from). Leaves `module` in eval mode."""
+    import torch
+    from tqdm import tqdm
+
+    module.train()
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     epoch = 0
     if checkpoint is not None and checkpoint.exists():
@@ -354,20 +409,10 @@ def train(
         epoch = int(state["epoch"])
     rng = np.random.default_rng(seed + epoch)
     start = time.perf_counter()
-    hidden = torch.from_numpy(data.hidden)
-    bar = tqdm(total=max(1, int(seconds)), desc="training heads", unit="s", file=sys.stderr)
+    bar = tqdm(total=max(1, int(seconds)), desc=desc, unit="s", file=sys.stderr)
     while True:
-        order = rng.permutation(fit)
         t0 = time.perf_counter()
-        for b in range(0, len(order), batch):
-            rows = order[b : b + batch]
-            lab = label[rows]  # [B, H]
-            target = torch.zeros(len(rows), heads.n_heads, len(heads.ids))
-            for i in range(heads.n_heads):
-                ok = lab[:, i] >= 0
-                if ok.any():
-                    target[torch.from_numpy(ok), i] = _dense(red, probs, lab[ok, i], len(heads.ids))
-            loss = soft_loss(module(hidden[rows].float()), target)
+        for loss in batches(rng):
             if loss is None:
                 continue
             opt.zero_grad()
@@ -390,13 +435,7 @@ def train(
             break
     bar.close()
     module.eval()
-    heads.publish()
-    return {
-        "epochs": epoch,
-        "train_positions": len(fit),
-        "held_out_positions": len(held),
-        **evaluate(heads, data, held, label),
-    }
+    return epoch
 
 
 def evaluate(heads: Heads, data: Data, rows: np.ndarray, label: np.ndarray | None = None) -> dict:
@@ -424,6 +463,95 @@ def evaluate(heads: Heads, data: Data, rows: np.ndarray, label: np.ndarray | Non
         "chain": [round(float(x), 4) for x in chain.mean(axis=0)],
         "scored": len(rows),
     }
+
+
+def _runs(data: Data, rows: np.ndarray) -> list[tuple[int, int]]:
+    """The answers among positions `rows` (sorted), as (first, end) position ranges."""
+    if len(rows) == 0:
+        return []
+    cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(data.seq[rows]) != 0)) + 1
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cut)]
+
+
+def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red, probs):
+    """Padded training tensors for answers `runs`: states [B, L, d], token indices [B, L],
+    label distributions [B, L, N] (the target's at the next position; all zero where there
+    is none) and each label's target top id [B, L] (-1: none)."""
+    import torch
+
+    width = max(e - a for a, e in runs) - 1
+    n = len(layer.ids)
+    h = torch.zeros(len(runs), width, layer.hidden_size)
+    t = torch.full((len(runs), width), n, dtype=torch.long)
+    y = torch.zeros(len(runs), width, n)
+    top = torch.full((len(runs), width), -1, dtype=torch.long)
+    for b, (a, e) in enumerate(runs):
+        m = e - a - 1
+        if m <= 0:
+            continue
+        h[b, :m] = torch.from_numpy(data.hidden[a : e - 1].astype(np.float32))
+        t[b, :m] = torch.from_numpy(layer.index(data.tokens[a : e - 1]))
+        y[b, :m] = _dense(red, probs, np.arange(a + 1, e), n)
+        top[b, :m] = torch.from_numpy(data.top_ids[a + 1 : e, 0].astype(np.int64))
+    return h, t, y, top
+
+
+def train_layer(
+    layer: Layer,
+    data: Data,
+    seconds: float,
+    checkpoint: Path | None = None,
+    batch: int = 8,
+    lr: float = 5e-4,
+    seed: int = 0,
+) -> dict:
+    """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
+    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers."""
+    import torch
+
+    red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
+    fit, held = _split(data)
+    fit_runs = _runs(data, fit)
+
+    def batches(rng):
+        order = rng.permutation(len(fit_runs))
+        for b in range(0, len(order), batch):
+            h, t, y, _ = _layer_batch(
+                layer, data, [fit_runs[i] for i in order[b : b + batch]], red, probs
+            )
+            has = y.sum(dim=-1) > 0
+            if not bool(has.any()):
+                yield None
+                continue
+            logp = torch.log_softmax(layer.module(h, t)[has], dim=-1)
+            yield -(y[has] * logp).sum() / int(has.sum())
+
+    epochs = _fit(layer.module, batches, seconds, checkpoint, lr, seed, "training the layer")
+    layer.publish()
+    return {
+        "epochs": epochs,
+        "train_positions": len(fit),
+        "held_out_positions": len(held),
+        **evaluate_layer(layer, data, held, red, probs),
+    }
+
+
+def evaluate_layer(layer: Layer, data: Data, rows: np.ndarray, red=None, probs=None) -> dict:
+    """How often the layer's argmax is the target's top token at the next position, over the
+    positions `rows` (whole answers) that have one (`alone`, as for the heads' first)."""
+    import torch
+
+    if red is None:
+        red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
+    runs = _runs(data, rows)
+    right = scored = 0
+    with torch.inference_mode():
+        for b in range(0, len(runs), 8):
+            h, t, _, top = _layer_batch(layer, data, runs[b : b + 8], red, probs)
+            guess = torch.from_numpy(layer.ids)[layer.module(h, t).argmax(dim=-1)]
+            right += int(((guess == top) & (top >= 0)).sum())
+            scored += int((top >= 0).sum())
+    return {"alone": [round(right / max(1, scored), 4)], "scored": scored}
 
 
 def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
@@ -454,10 +582,14 @@ def run(
     sequences: int = 8,
     data_share: float = 0.6,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    arch: str = "heads",
 ) -> Path:
-    """Train heads for `target` (a GGUF target built with hidden states) in about `minutes`:
-    `data_share` of them generating data (less where earlier runs left data), the rest
-    training; saves them to `heads_path(...)/heads.pt` and returns that path."""
+    """Train a drafter for `target` (a GGUF target built with hidden states) in about
+    `minutes`: `data_share` of them generating data (less where earlier runs left data), the
+    rest training; arch "heads": `n_heads` Medusa heads, saved to `heads_path(...)/heads.pt`;
+    "eagle": an EAGLE-style `Layer`, saved to `.../eagle.pt`. Returns the file's path."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {', '.join(ARCHS)}")
     if not target.hidden_size:
         raise ValueError("training heads needs a target built with hidden states")
     model = Path(target.info.model)
@@ -479,27 +611,28 @@ def run(
         f"{len(data)} positions; a vocabulary of {len(ids)} tokens covers "
         f"{_coverage(data, ids):.1%} of the target's top tokens"
     )
-    heads = Heads(
-        target.hidden_size,
-        n_heads,
-        ids,
-        target.vocab_size,
-        unembedding=unembedding(target, ids),
-        meta={"key": model_key(model)[:20], "model": model.name},
-    )
-    ckpt = work / f"train-{n_heads}-{len(ids)}.pt"
-    result = train(heads, data, max(60.0, budget * (1 - data_share)), checkpoint=ckpt)
-    heads.meta.update(
-        trained=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        positions=len(data),
-        **result,
-    )
-    out = folder / "heads.pt"
-    heads.save(out)
-    progress(
-        f"held-out: each head's argmax is the target's {result['alone']} of the time; "
-        f"chains right to depth 1..{n_heads}: {result['chain']}"
-    )
+    meta = {"key": model_key(model)[:20], "model": model.name}
+    rows = unembedding(target, ids)
+    seconds = max(60.0, budget * (1 - data_share))
+    net: Heads | Layer
+    if arch == "eagle":
+        net = Layer(target.hidden_size, ids, target.vocab_size, unembedding=rows, meta=meta)
+        ckpt = work / f"layer-{net.width}-{len(ids)}.pt"
+        result = train_layer(net, data, seconds, checkpoint=ckpt)
+        said = f"the layer's argmax is the target's {result['alone'][0]} of the time"
+    else:
+        net = Heads(
+            target.hidden_size, n_heads, ids, target.vocab_size, unembedding=rows, meta=meta
+        )
+        result = train(net, data, seconds, checkpoint=work / f"train-{n_heads}-{len(ids)}.pt")
+        said = (
+            f"each head's argmax is the target's {result['alone']} of the time; "
+            f"chains right to depth 1..{n_heads}: {result['chain']}"
+        )
+    net.meta.update(trained=time.strftime("%Y-%m-%dT%H:%M:%S"), positions=len(data), **result)
+    out = folder / ARCHS[arch]
+    net.save(out)
+    progress(f"held-out: {said}")
     return out
 
 

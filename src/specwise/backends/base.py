@@ -15,7 +15,10 @@ Hidden states (an LM whose `hidden_size` is not 0, built to give them): every fo
 keeps the final hidden state (the output layer's input) of each row it returns logits for, and
 `hidden(seq)` gives the one at the sequence's last cached position, the state from which the
 target predicted the token after it: after a round's rollback, the state that predicted the
-round's last emitted token. This module holds no model code.
+round's last emitted token. `hiddens(seq, start)` gives those of every cached position from
+`start` on, where forwards computed them all since the cache last held fewer tokens than
+`start` (a prefill asked for its last row only computed none before it). This module holds
+no model code.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 __all__ = [
     "LM",
     "BackendInfo",
+    "HiddenLog",
     "Reserved",
     "Tokenizer",
     "check_append",
@@ -40,7 +44,6 @@ __all__ = [
     "check_tree",
     "check_truncate",
     "file_fingerprint",
-    "hidden_at",
     "new_sequence",
     "one_pass_each",
     "refuse_trees",
@@ -132,19 +135,62 @@ class LM(Protocol):
         latest forward that fed seq returned that position's logits; else None."""
         ...
 
+    def hiddens(self, seq: int, start: int) -> np.ndarray | None:
+        """The final hidden states [length - start, hidden_size] at seq's cached positions
+        start .. length - 1 (module docstring); None where one of them is not kept."""
+        ...
+
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
     def in_use(self) -> int: ...  # sequences holding cache now (0 once all are released)
 
 
-def hidden_at(kept: tuple[int, np.ndarray] | None, length: int) -> np.ndarray | None:
-    """`LM.hidden` from what a backend kept of a sequence's latest forward, (position of the
-    first row, rows [n, hidden_size]), and the sequence's length now."""
-    if kept is None:
-        return None
-    i = length - 1 - kept[0]
-    return kept[1][i] if 0 <= i < len(kept[1]) else None
+class HiddenLog:
+    """The final hidden states a backend kept of one sequence, at consecutive positions
+    first .. first + n - 1. `put` writes a forward's rows at their positions (rows that do not
+    follow on from those kept start the log again); `cut` drops positions from a length on;
+    `reorder` keeps a fed tree's path (`LM.keep`)."""
+
+    def __init__(self, width: int) -> None:
+        self.first, self.n = 0, 0
+        self._rows = np.empty((0, width), dtype=np.float32)
+
+    def put(self, start: int, rows: np.ndarray) -> None:
+        if not self.first <= start <= self.first + self.n:
+            self.first, self.n = start, 0
+        i = start - self.first
+        end = i + len(rows)
+        if end > len(self._rows):  # room for twice as many: appending costs O(1) a row
+            grown = np.empty((max(end, 2 * len(self._rows)), self._rows.shape[1]), np.float32)
+            grown[: self.n] = self._rows[: self.n]
+            self._rows = grown
+        self._rows[i:end] = rows
+        self.n = end
+
+    def cut(self, length: int) -> None:
+        self.n = max(0, min(self.n, length - self.first))
+
+    def reorder(self, base: int, path: Sequence[int]) -> None:
+        """The rows of a tree fed at `base` (one per token, in the tree's order): keep those of
+        `path`, at positions base .. base + len(path) - 1."""
+        i = base - self.first
+        if i < 0 or i + max(path) >= self.n:
+            self.n = 0
+            return
+        self._rows[i : i + len(path)] = self._rows[[i + j for j in path]]
+        self.n = i + len(path)
+
+    def since(self, start: int, length: int) -> np.ndarray | None:
+        """The rows of positions start .. length - 1 (a copy), None where one is not kept."""
+        if start < self.first or length > self.first + self.n or start > length:
+            return None
+        return self._rows[start - self.first : length - self.first].copy()
+
+    def at(self, position: int) -> np.ndarray | None:
+        """The row of one position (a copy), None where it is not kept."""
+        got = self.since(position, position + 1) if position >= 0 else None
+        return None if got is None else got[0]
 
 
 def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:

@@ -58,13 +58,13 @@ import numpy as np
 
 from specwise.backends.base import (
     BackendInfo,
+    HiddenLog,
     check_append,
     check_path,
     check_rows,
     check_tree,
     check_truncate,
     file_fingerprint,
-    hidden_at,
     one_pass_each,
     refuse_trees,
 )
@@ -288,7 +288,7 @@ class LlamaCppLM:
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
         self.hidden_size = lib.llama_model_n_embd(self._model) if hidden else 0
-        self._hidden: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (first position, rows)
+        self._hidden: dict[int, HiddenLog] = {}  # seq -> the hidden states kept
         self.info = BackendInfo(
             self.backend,
             str(path),
@@ -494,14 +494,21 @@ class LlamaCppLM:
             if e in planted:
                 self._trees[seq] = planted[e]
             if self.hidden_size:  # the rows' first position: the last token's, with last_only
-                states = np.concatenate(hblocks[e])
-                self._hidden[seq] = (start + len(tokens) - 1 if last_only else start, states)
+                log = self._hidden.setdefault(seq, HiddenLog(self.hidden_size))
+                log.put(start + len(tokens) - 1 if last_only else start, np.concatenate(hblocks[e]))
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
 
     def hidden(self, seq: int) -> np.ndarray | None:
-        if seq in self._trees:
+        log = self._hidden.get(seq)
+        if seq in self._trees or log is None:
             return None
-        return hidden_at(self._hidden.get(seq), self._lengths.get(seq, 0))
+        return log.at(self._lengths.get(seq, 0) - 1)
+
+    def hiddens(self, seq: int, start: int) -> np.ndarray | None:
+        log = self._hidden.get(seq)
+        if seq in self._trees or log is None:
+            return None
+        return log.since(start, self._lengths.get(seq, 0))
 
     def _uproot(self, tree: _Tree) -> None:
         """Remove the leaves' ids from the cache (cells left with no id are free again)."""
@@ -524,9 +531,8 @@ class LlamaCppLM:
             )
         self._uproot(tree)
         self._lengths[seq] = tree.base + len(path)
-        rec = self._hidden.get(seq)
-        if rec is not None:  # the kept path's rows, in its positions
-            self._hidden[seq] = (tree.base, rec[1][list(path)])
+        if seq in self._hidden:  # the kept path's rows, in its positions
+            self._hidden[seq].reorder(tree.base, path)
         self._gaps = self._gaps or len(self._slots) > 1 or list(path) != list(range(len(path)))
 
     def _close_gaps(self) -> None:
@@ -557,6 +563,8 @@ class LlamaCppLM:
         if not self._seq_rm(self._slots[seq], n, -1):
             raise RuntimeError(f"llama.cpp could not remove cache cells {n}.. of sequence {seq}")
         self._lengths[seq] = n
+        if seq in self._hidden:
+            self._hidden[seq].cut(n)
         self._gaps = self._gaps or len(self._slots) > 1  # other sequences' cells may lie above
 
     def release(self, seq: int) -> None:

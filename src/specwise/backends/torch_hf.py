@@ -23,12 +23,12 @@ import torch
 
 from specwise.backends.base import (
     BackendInfo,
+    HiddenLog,
     check_append,
     check_rows,
     check_truncate,
     eos_ids,
     file_fingerprint,
-    hidden_at,
     one_pass_each,
     refuse_trees,
 )
@@ -140,7 +140,7 @@ class TorchLM:
         self._caches: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
         self.hidden_size = int(cfg.hidden_size) if hidden else 0
-        self._hidden: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (first position, rows)
+        self._hidden: dict[int, HiddenLog] = {}  # seq -> the hidden states kept
         # transformers >= 5.24 calls the cache argument `cache`; older versions `past_key_values`
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -194,7 +194,8 @@ class TorchLM:
                     if self.hidden_size:  # the last entry is the output norm's: [len(piece), d]
                         states.append(res.hidden_states[-1][0].float().numpy())
                 if self.hidden_size:
-                    self._hidden[seq] = (have, np.concatenate(states))
+                    log = self._hidden.setdefault(seq, HiddenLog(self.hidden_size))
+                    log.put(have, np.concatenate(states))
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
 
@@ -221,9 +222,16 @@ class TorchLM:
             return
         self._caches[seq].crop(-(have - n))
         self._lengths[seq] = n
+        if seq in self._hidden:
+            self._hidden[seq].cut(n)
 
     def hidden(self, seq: int) -> np.ndarray | None:
-        return hidden_at(self._hidden.get(seq), self._lengths.get(seq, 0))
+        log = self._hidden.get(seq)
+        return None if log is None else log.at(self._lengths.get(seq, 0) - 1)
+
+    def hiddens(self, seq: int, start: int) -> np.ndarray | None:
+        log = self._hidden.get(seq)
+        return None if log is None else log.since(start, self._lengths.get(seq, 0))
 
     def release(self, seq: int) -> None:
         self._caches.pop(seq, None)

@@ -127,6 +127,9 @@ class Recorded:
     def hidden(self, seq: int) -> None:
         return None
 
+    def hiddens(self, seq: int, start: int) -> None:
+        return None
+
     def length(self, seq: int) -> int:
         return len(self._cache.get(seq, ()))
 

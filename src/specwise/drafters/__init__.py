@@ -4,12 +4,14 @@
 from specwise.drafters.base import (
     DRAFT_MODEL,
     DRAFTERS,
+    READS_STATES,
     Draft,
     Drafter,
     make_drafter,
     make_drafters,
     register,
 )
+from specwise.drafters.eagle import EagleDrafter
 from specwise.drafters.heads import HeadsDrafter
 from specwise.drafters.model import ModelDrafter, TextDrafter
 from specwise.drafters.ngram import NgramDrafter
@@ -18,8 +20,10 @@ from specwise.drafters.suffix import SuffixDrafter
 __all__ = [
     "DRAFTERS",
     "DRAFT_MODEL",
+    "READS_STATES",
     "Draft",
     "Drafter",
+    "EagleDrafter",
     "HeadsDrafter",
     "ModelDrafter",
     "NgramDrafter",

@@ -30,6 +30,7 @@ from specwise.sampling import Sampler, SamplingParams
 __all__ = [
     "DRAFTERS",
     "DRAFT_MODEL",
+    "READS_STATES",
     "Draft",
     "Drafter",
     "KeepGoing",
@@ -165,6 +166,7 @@ def make_drafter(name: str, **options: Any) -> Drafter:
 
 
 DRAFT_MODEL = ("model", "model-text")  # the drafters that run a draft model (its LM)
+READS_STATES = ("heads", "eagle")  # the drafters that read the target's hidden states
 
 
 def make_drafters(

@@ -33,7 +33,7 @@ from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
 
-__all__ = ["FORMAT", "Heads", "HeadsDrafter", "heads_path", "model_key"]
+__all__ = ["FORMAT", "Heads", "HeadsDrafter", "draw", "heads_path", "model_key"]
 
 FORMAT = 1  # the file's layout version
 
@@ -246,6 +246,24 @@ def _int8_copy(module):
         )
 
 
+def draw(
+    row: np.ndarray, ids: np.ndarray, vocab_size: int, params: SamplingParams, sampler: Sampler
+) -> tuple[int, np.ndarray | None, float]:
+    """One drafted token from logits `row` over the reduced vocabulary `ids`: (target id, q
+    over the target's whole vocabulary [vocab_size] or None when greedy, confidence). Greedy:
+    the argmax, its unwarped softmax probability as confidence; sampling: q = `warp` of the row
+    (zero outside `ids`), the token drawn from it with the request's sampler, q(x) as
+    confidence."""
+    if params.greedy:
+        x = int(np.argmax(row))
+        return int(ids[x]), None, float(1.0 / np.exp(row - row[x]).sum())  # softmax at x
+    q = warp(row, params)  # [N]
+    x = sampler.categorical(q)
+    full = np.zeros(vocab_size)
+    full[ids] = q
+    return int(ids[x]), full, float(q[x])
+
+
 @register("heads")
 class HeadsDrafter:
     """HeadsDrafter(heads, adapter=None): drafts with trained `Heads` on the hidden states of
@@ -304,23 +322,16 @@ class HeadsDrafter:
             return Draft([], None)
         heads = self.heads if self.adapter is None else self.adapter.heads_for(seq)
         logits = heads.logits(h, min(k, heads.n_heads))  # [n, N]
-        ids = heads.ids
         tokens: list[int] = []
         conf: list[float] = []
         qs: list[np.ndarray] = []
         for row in logits:
-            if params.greedy:
-                x = int(np.argmax(row))
-                conf.append(float(1.0 / np.exp(row - row[x]).sum()))  # softmax at x
-            else:
-                q = warp(row, params)  # [N]
-                x = sampler.categorical(q)
-                full = np.zeros(heads.vocab_size)
-                full[ids] = q
-                qs.append(full)
-                conf.append(float(q[x]))
-            tokens.append(int(ids[x]))
-            if keep_going is not None and not keep_going(len(tokens), conf[-1]):
+            x, q, c = draw(row, heads.ids, heads.vocab_size, params, sampler)
+            tokens.append(x)
+            conf.append(c)
+            if q is not None:
+                qs.append(q)
+            if keep_going is not None and not keep_going(len(tokens), c):
                 break
         return Draft(tokens, np.stack(qs) if qs else None, conf)
 

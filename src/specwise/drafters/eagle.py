@@ -1,0 +1,356 @@
+"""`EagleDrafter` (EAGLE-style): one transformer layer over the target's own hidden states
+drafts the next token, with no second model, only the layer's small cache of keys and values.
+
+At every generated position t the layer reads the target's final hidden state h_t (`LM.hiddens`)
+and the token x_{t+1} that followed it (the one h_t predicted), attends causally over the
+positions before it in the same answer (from the prompt's last position on), and predicts the
+target's distribution one token further, that of x_{t+2}: z = Layer([h_t; e(x_{t+1})]), logits
+= Out(h_t + Back(z)) over a **reduced vocabulary** (the `ids`, as for the heads). A Medusa head
+(`drafters.heads`) sees h_t alone; the layer also sees how the answer got there. It drafts one
+token a round (a chain of one), the depth it was trained for.
+
+In a round the drafter first reads the states of the positions committed since it last ran
+(all of them: the target keeps them, `LM.hiddens`), then drafts; its cache holds committed
+positions only, so a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
+(`heads.draw`): q is a function of the context alone, so rejection sampling against it is exact.
+
+`Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`); training it
+is `specwise.distill`'s work. Torch is imported when a layer is built, never by importing this
+module.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specwise.backends.base import LM
+from specwise.drafters.base import Draft, KeepGoing, register
+from specwise.drafters.heads import draw
+from specwise.sampling import Sampler, SamplingParams
+
+__all__ = ["FORMAT", "EagleDrafter", "Layer"]
+
+FORMAT = 1  # the file's layout version
+ATTENTION_HEADS = 8
+
+
+class Layer:
+    """Layer(hidden_size, ids, vocab_size, width=512, unembedding=None, seed=0): the network.
+    ids: the target ids of the reduced vocabulary (distinct, < vocab_size); width: the layer's
+    own width; unembedding: the target's output rows [len(ids), hidden_size] for them, the
+    output layer's start (else random; the token embeddings start as half of them). The way
+    back from the layer starts at zero, so the network starts as the target's own output layer
+    restricted to `ids`. `module` is the torch module (for training); `step` runs it."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ids: Sequence[int],
+        vocab_size: int,
+        width: int = 512,
+        unembedding: np.ndarray | None = None,
+        seed: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        import torch
+
+        ids = np.asarray(ids, dtype=np.int64)
+        if width < ATTENTION_HEADS or width % ATTENTION_HEADS:
+            raise ValueError(f"width = {width} is invalid; use a multiple of {ATTENTION_HEADS}")
+        if len(ids) == 0 or len(set(ids.tolist())) != len(ids):
+            raise ValueError("the layer's vocabulary must be distinct target ids, at least one")
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"the layer's vocabulary holds ids outside 0 .. {vocab_size - 1}")
+        self.hidden_size, self.vocab_size, self.width = hidden_size, vocab_size, width
+        self.ids = ids
+        self.meta = dict(meta or {})
+        where = np.full(vocab_size, len(ids), dtype=np.int64)  # the last index: any other id
+        where[ids] = np.arange(len(ids))
+        self._where = where
+        torch.manual_seed(seed)
+        self.module = _module_class()(hidden_size, width, len(ids))
+        if unembedding is not None:
+            if unembedding.shape != (len(ids), hidden_size):
+                raise ValueError(
+                    f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
+                )
+            with torch.no_grad():
+                rows = torch.from_numpy(np.asarray(unembedding, dtype=np.float32))
+                self.module.out.weight.copy_(rows)
+                self.module.emb.weight[: len(ids)].copy_(rows * 0.5)
+        self._fast: Any = None  # the inference copy (`step`), made on first use
+
+    def index(self, tokens: Sequence[int]) -> np.ndarray:
+        """Target ids -> the layer's token indices (len(ids) for an id outside the vocabulary
+        or unknown, -1)."""
+        t = np.asarray(tokens, dtype=np.int64)
+        return np.where((t >= 0) & (t < self.vocab_size), self._where[t.clip(0)], len(self.ids))
+
+    def step(self, cache: Cache, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """Read n positions more (their states [n, hidden_size] and the tokens that followed
+        them) into `cache`, and return the logits over `ids` [len(ids)] predicted at the last
+        one. Runs the int8 copy of the weights (`publish`)."""
+        import torch
+
+        if self._fast is None:
+            self.publish()
+        with torch.inference_mode():
+            h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
+            t = torch.from_numpy(self.index(tokens))
+            logits, cache.keys, cache.values = self._fast.step(h, t, cache.keys, cache.values)
+        return logits.numpy()
+
+    def new_cache(self) -> Cache:
+        import torch
+
+        empty = torch.zeros(0, self.width)
+        return Cache(empty, empty)
+
+    def publish(self) -> None:
+        """The weights changed (training): copy them into the int8 copy that `step` runs
+        (each Linear's weights quantized per output row, activations per call)."""
+        self._fast = _int8_copy(self.module)
+
+    def ready(self) -> None:
+        """Make the int8 copy and run it once on 1 and on 2 positions (the CPU library prepares
+        its kernels at a shape's first product)."""
+        self.publish()
+        cache = self.new_cache()
+        self.step(cache, np.zeros((1, self.hidden_size), np.float32), [0])
+        self.step(cache, np.zeros((2, self.hidden_size), np.float32), [0, 0])
+
+    def save(self, path: str | Path) -> None:
+        """Write the layer to `path` (a .pt file), atomically."""
+        import torch
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        state = {
+            "format": FORMAT,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "width": self.width,
+            "ids": torch.from_numpy(self.ids),
+            "weights": self.module.state_dict(),
+            "meta": self.meta,
+        }
+        torch.save(state, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Layer:
+        """Read a layer written by `save`, `ready` to run; ValueError naming the file where it
+        is not one."""
+        import torch
+
+        try:
+            state = torch.load(Path(path), map_location="cpu", weights_only=True)
+            if state.get("format") != FORMAT:
+                raise ValueError(f"format {state.get('format')!r}, this specwise reads {FORMAT}")
+            layer = cls(
+                state["hidden_size"],
+                state["ids"].numpy(),
+                state["vocab_size"],
+                width=state["width"],
+                meta=state.get("meta"),
+            )
+            layer.module.load_state_dict(state["weights"])
+            layer.ready()
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # any unreadable file: one clear error
+            raise ValueError(f"{path} holds no drafting layer specwise can read ({exc})") from None
+        return layer
+
+
+@dataclass
+class Cache:
+    """The layer's keys and values [positions, width] for one sequence (torch tensors)."""
+
+    keys: Any
+    values: Any
+
+
+@functools.cache
+def _module_class():
+    """The torch module class, defined on first use (importing this module imports no torch)."""
+    import torch
+    from torch import nn
+
+    class LayerModule(nn.Module):
+        """Input projection of [h; e(x)], one pre-norm attention block and MLP, the way back
+        to the target's width, and the output layer over the reduced vocabulary."""
+
+        def __init__(self, d: int, width: int, n_ids: int) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(n_ids + 1, d)
+            with torch.no_grad():
+                self.emb.weight[n_ids].zero_()
+            self.inp = nn.Linear(2 * d, width)
+            self.norm1 = nn.LayerNorm(width)
+            self.qkv = nn.Linear(width, 3 * width)
+            self.proj = nn.Linear(width, width)
+            self.norm2 = nn.LayerNorm(width)
+            self.up = nn.Linear(width, 2 * width)
+            self.down = nn.Linear(2 * width, width)
+            self.back = nn.Linear(width, d)
+            nn.init.zeros_(self.back.weight)
+            nn.init.zeros_(self.back.bias)
+            self.out = nn.Linear(d, n_ids, bias=False)
+
+        def block(self, h, t, past_k, past_v):
+            """[..., n, d] states and [..., n] token indices after `past` [..., P, width] keys
+            and values -> (the features h + Back(z) [..., n, d], keys, values [..., P + n, width])."""
+            x = self.inp(torch.cat([h, self.emb(t)], dim=-1))
+            q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+            keys, values = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
+            n, total = x.shape[-2], keys.shape[-2]
+            # row i sees the past and new positions up to i
+            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+
+            def split(a):  # [..., L, width] -> [..., heads, L, width / heads]
+                return a.unflatten(-1, (ATTENTION_HEADS, -1)).transpose(-3, -2)
+
+            att = nn.functional.scaled_dot_product_attention(
+                split(q), split(keys), split(values), attn_mask=mask
+            )
+            x = x + self.proj(att.transpose(-3, -2).flatten(-2))
+            x = x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+            return h + self.back(x), keys, values
+
+        def forward(self, h, t):  # training: [B, L, d], [B, L] -> logits [B, L, n_ids]
+            empty = h.new_zeros(*h.shape[:-2], 0, self.proj.out_features)
+            return self.out(self.block(h, t, empty, empty)[0])
+
+        def step(self, h, t, past_k, past_v):  # inference: [n, d], [n] -> logits [n_ids] at last
+            f, keys, values = self.block(h, t, past_k, past_v)
+            return self.out(f[-1:])[0], keys, values
+
+    return LayerModule
+
+
+def _int8_copy(module):
+    """The inference copy of a `LayerModule`: its Linear layers dynamically quantized to int8."""
+    import copy
+    import warnings
+
+    import torch
+    from torch import nn
+    from torch.ao import quantization
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's notice that it moves to torchao
+        return quantization.quantize_dynamic(
+            copy.deepcopy(module).eval(),
+            {nn.Linear: quantization.per_channel_dynamic_qconfig},
+            dtype=torch.qint8,
+        )
+
+
+@dataclass
+class _Seq:
+    read: int  # the next position whose state the layer has not read
+    cache: Cache
+
+
+@register("eagle")
+class EagleDrafter:
+    """EagleDrafter(layer): drafts one token a round with a trained `Layer` on the hidden states
+    of the target it is bound to (a target built with hidden states: `LM.hidden_size`)."""
+
+    name = "eagle"
+    # Not cheap: a proposal costs a few percent of a target step (memory-bound products), so
+    # the controller decides first and the layer runs only in the rounds it gives it.
+    cheap = False
+    max_tokens = 1  # the depth it was trained for
+
+    def __init__(self, layer: Layer) -> None:
+        self.layer = layer
+        self.fingerprint = (
+            f"eagle:{layer.meta.get('key', 'unsaved')}:{layer.meta.get('trained', '')}"
+        )
+        self._target: LM | None = None
+        self._seqs: dict[int, _Seq] = {}
+
+    def bind(self, target: LM) -> None:
+        got = getattr(target, "hidden_size", 0)
+        if not got:
+            raise ValueError(
+                "the eagle drafter reads the target's hidden states, and this target was loaded "
+                "without them (specwise loads it with them when --drafter names eagle)"
+            )
+        if got != self.layer.hidden_size:
+            raise ValueError(
+                f"this drafting layer was trained on hidden states of width "
+                f"{self.layer.hidden_size}; the target's are {got} wide: train one for this model"
+            )
+        if target.vocab_size != self.layer.vocab_size:
+            raise ValueError(
+                f"this drafting layer names tokens of a vocabulary of {self.layer.vocab_size}; "
+                f"the target's has {target.vocab_size}: train one for this model"
+            )
+        self._target = target
+
+    def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
+        # the answer's first state is the prompt's last position's
+        self._seqs[seq] = _Seq(max(0, len(prompt) - 1), self.layer.new_cache())
+
+    def propose(
+        self,
+        seq: int,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        sampler: Sampler,
+        keep_going: KeepGoing | None = None,
+    ) -> Draft:
+        s = self._seqs.get(seq)
+        if k <= 0 or self._target is None or s is None:
+            return Draft([], None)
+        cached = len(context) - 1  # the target holds every committed token but the last
+        states = self._target.hiddens(seq, s.read) if s.read < cached else None
+        if states is None:  # nothing new, or states the target did not keep: no draft
+            if s.read != cached:
+                self._seqs[seq] = _Seq(cached, self.layer.new_cache())
+            return Draft([], None)
+        logits = self.layer.step(s.cache, states, context[s.read + 1 : cached + 1])
+        s.read = cached
+        x, q, c = draw(logits, self.layer.ids, self.layer.vocab_size, params, sampler)
+        return Draft([x], None if q is None else q[None], [c])
+
+    def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
+        return None
+
+    def end(self, seq: int) -> None:
+        self._seqs.pop(seq, None)
+
+    def lag(self, seq: int, context: Sequence[int]) -> int:
+        s = self._seqs.get(seq)
+        return 0 if s is None else max(0, len(context) - 2 - s.read)
+
+    def measure_cost(self) -> tuple[float, float]:
+        """(ms per proposed token: one position read after 256, ms per further position read
+        in the same call), medians of 20 after 3."""
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal((257 + 8, self.layer.hidden_size)).astype(np.float32)
+        one, more = [], []
+        for i in range(23):
+            cache = self.layer.new_cache()
+            self.layer.step(cache, h[:256], [0] * 256)
+            t = time.perf_counter()
+            self.layer.step(cache, h[256:257], [0])
+            t1 = time.perf_counter()
+            self.layer.step(cache, h[257:], [0] * 8)
+            if i >= 3:
+                one.append(t1 - t)
+                more.append(time.perf_counter() - t1)
+        per = float(np.median(one)) * 1000.0
+        return per, max(0.0, (float(np.median(more)) * 1000.0 - per) / 7)
