@@ -15,10 +15,10 @@ Hidden states (an LM whose `hidden_size` is not 0, built to give them): every fo
 keeps the final hidden state (the output layer's input) of each row it returns logits for, and
 `hidden(seq)` gives the one at the sequence's last cached position, the state from which the
 target predicted the token after it: after a round's rollback, the state that predicted the
-round's last emitted token. `hiddens(seq, start)` gives those of every cached position from
-`start` on, where forwards computed them all since the cache last held fewer tokens than
-`start` (a prefill asked for its last row only computed none before it). This module holds
-no model code.
+round's last emitted token. `hiddens(seq, start)` gives those of the cached positions from
+`start` on, or from the first one it keeps after it: a backend keeps the states of consecutive
+positions up to the last cached one, from the first row of the forward that began them (a
+prefill asked for its last row only: that row's position). This module holds no model code.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ class LM(Protocol):
         ...
 
     def hiddens(self, seq: int, start: int) -> np.ndarray | None:
-        """The final hidden states [length - start, hidden_size] at seq's cached positions
-        start .. length - 1 (module docstring); None where one of them is not kept."""
+        """The final hidden states [n, hidden_size] at seq's cached positions length - n ..
+        length - 1, from `start` or from the first one kept after it (module docstring); None
+        where the last one is not kept."""
         ...
 
     def length(self, seq: int) -> int: ...
@@ -182,15 +183,16 @@ class HiddenLog:
         self.n = i + len(path)
 
     def since(self, start: int, length: int) -> np.ndarray | None:
-        """The rows of positions start .. length - 1 (a copy), None where one is not kept."""
-        if start < self.first or length > self.first + self.n or start > length:
+        """The rows of positions start .. length - 1, or from the first one kept after start (a
+        copy); None where position length - 1 is not kept."""
+        if not self.first < length <= self.first + self.n:
             return None
-        return self._rows[start - self.first : length - self.first].copy()
+        return self._rows[max(0, start - self.first) : length - self.first].copy()
 
     def at(self, position: int) -> np.ndarray | None:
         """The row of one position (a copy), None where it is not kept."""
-        got = self.since(position, position + 1) if position >= 0 else None
-        return None if got is None else got[0]
+        got = self.since(position, position + 1)
+        return None if got is None else got[-1]
 
 
 def one_pass_each(calls: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:

@@ -193,9 +193,13 @@ class TorchLM:
                     rows.append(res.logits[0].float().numpy())  # [len(piece) or 1, V]
                     if self.hidden_size:  # the last entry is the output norm's: [len(piece), d]
                         states.append(res.hidden_states[-1][0].float().numpy())
-                if self.hidden_size:
+                if self.hidden_size:  # the rows asked for: the last one only, with last_only
                     log = self._hidden.setdefault(seq, HiddenLog(self.hidden_size))
-                    log.put(have, np.concatenate(states))
+                    kept = np.concatenate(states)
+                    if last_only:
+                        log.put(have + len(kept) - 1, kept[-1:])
+                    else:
+                        log.put(have, kept)
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
 

@@ -10,8 +10,9 @@ target's distribution one token further, that of x_{t+2}: z = Layer([h_t; e(x_{t
 token a round (a chain of one), the depth it was trained for.
 
 In a round the drafter first reads the states of the positions committed since it last ran
-(all of them: the target keeps them, `LM.hiddens`), then drafts; its cache holds committed
-positions only, so a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
+(all of them: the target keeps them, `LM.hiddens`, from the prompt's last position on, where a
+request's first call to it starts), then drafts; its cache holds committed positions only, so
+a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
 (`heads.draw`): q is a function of the context alone, so rejection sampling against it is exact.
 
 `Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`); training it
@@ -300,8 +301,7 @@ class EagleDrafter:
         self._target = target
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
-        # the answer's first state is the prompt's last position's
-        self._seqs[seq] = _Seq(max(0, len(prompt) - 1), self.layer.new_cache())
+        self._seqs.pop(seq, None)  # begun at its first proposal (k=auto begins it lazily)
 
     def propose(
         self,
@@ -312,16 +312,17 @@ class EagleDrafter:
         sampler: Sampler,
         keep_going: KeepGoing | None = None,
     ) -> Draft:
-        s = self._seqs.get(seq)
-        if k <= 0 or self._target is None or s is None:
+        if k <= 0 or self._target is None:
             return Draft([], None)
+        s = self._seqs.setdefault(seq, _Seq(0, self.layer.new_cache()))
         cached = len(context) - 1  # the target holds every committed token but the last
         states = self._target.hiddens(seq, s.read) if s.read < cached else None
-        if states is None:  # nothing new, or states the target did not keep: no draft
-            if s.read != cached:
-                self._seqs[seq] = _Seq(cached, self.layer.new_cache())
+        if states is None or len(states) == 0:  # nothing new, or not kept: no draft
             return Draft([], None)
-        logits = self.layer.step(s.cache, states, context[s.read + 1 : cached + 1])
+        first = cached - len(states)
+        if first != s.read and len(s.cache.keys):  # positions lost: start again after them
+            s.cache = self.layer.new_cache()
+        logits = self.layer.step(s.cache, states, context[first + 1 : cached + 1])
         s.read = cached
         x, q, c = draw(logits, self.layer.ids, self.layer.vocab_size, params, sampler)
         return Draft([x], None if q is None else q[None], [c])
@@ -333,6 +334,9 @@ class EagleDrafter:
         self._seqs.pop(seq, None)
 
     def lag(self, seq: int, context: Sequence[int]) -> int:
+        """Positions to read before drafting beyond the one a round reads anyway; 0 for a
+        request not begun yet (its first proposal reads the answer so far: a few positions
+        where k=auto picks it early)."""
         s = self._seqs.get(seq)
         return 0 if s is None else max(0, len(context) - 2 - s.read)
 
