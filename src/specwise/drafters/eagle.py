@@ -92,7 +92,8 @@ class Layer:
         """Target ids -> the layer's token indices (len(ids) for an id outside the vocabulary
         or unknown, -1)."""
         t = np.asarray(tokens, dtype=np.int64)
-        return np.where((t >= 0) & (t < self.vocab_size), self._where[t.clip(0)], len(self.ids))
+        inside = (t >= 0) & (t < self.vocab_size)
+        return np.where(inside, self._where[t.clip(0, self.vocab_size - 1)], len(self.ids))
 
     def step(self, cache: Cache, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
         """Read n positions more (their states [n, hidden_size] and the tokens that followed
