@@ -212,12 +212,10 @@ def _trained(a: argparse.Namespace, arch: str):
     model = resolve_model(a.target)
     path = heads_path(model) / ARCHS[arch]
     if not path.exists():
-        what = "drafting heads are" if arch == "heads" else "drafting layer is"
-        how = "" if arch == "heads" else " --arch eagle"
+        what = {"heads": "drafting heads are", "eagle": "drafting layer is"}[arch]
         raise UsageError(
-            f"no {what} trained for {model.name} here; train {'them' if arch == 'heads' else 'one'} "
-            f"with `specwise heads train --target {a.target}{how}` (about 30 minutes), or drop "
-            f"{arch} from --drafter"
+            f"no {what} trained for {model.name} here; train with `specwise heads train "
+            f"--target {a.target} --arch {arch}` (about 30 minutes), or drop {arch} from --drafter"
         )
     return (Heads if arch == "heads" else Layer).load(path)
 
@@ -1002,10 +1000,7 @@ def cmd_heads(a: argparse.Namespace) -> int:
         )
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
     out = distill.run(target, a.minutes, a.heads, a.vocab, a.sequences, arch=a.arch)
-    print(
-        f"specwise: {'heads' if a.arch == 'heads' else 'the drafting layer'} saved to {out}; "
-        f"draft with {'them' if a.arch == 'heads' else 'it'}: --drafter {a.arch} (or with --k auto)"
-    )
+    print(f"specwise: saved to {out}; draft with --drafter {a.arch} (or among them, with --k auto)")
     return 0
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
-from specwise.drafters.heads import draw
+from specwise.drafters.heads import check_target, check_vocab, draw, load_state, save_state
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["FORMAT", "EagleDrafter", "Layer"]
@@ -65,10 +65,7 @@ class Layer:
         ids = np.asarray(ids, dtype=np.int64)
         if width < ATTENTION_HEADS or width % ATTENTION_HEADS:
             raise ValueError(f"width = {width} is invalid; use a multiple of {ATTENTION_HEADS}")
-        if len(ids) == 0 or len(set(ids.tolist())) != len(ids):
-            raise ValueError("the layer's vocabulary must be distinct target ids, at least one")
-        if ids.min() < 0 or ids.max() >= vocab_size:
-            raise ValueError(f"the layer's vocabulary holds ids outside 0 .. {vocab_size - 1}")
+        check_vocab(ids, vocab_size, hidden_size, unembedding, "the layer's")
         self.hidden_size, self.vocab_size, self.width = hidden_size, vocab_size, width
         self.ids = ids
         self.meta = dict(meta or {})
@@ -78,10 +75,6 @@ class Layer:
         torch.manual_seed(seed)
         self.module = _module_class()(hidden_size, width, len(ids))
         if unembedding is not None:
-            if unembedding.shape != (len(ids), hidden_size):
-                raise ValueError(
-                    f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
-                )
             with torch.no_grad():
                 rows = torch.from_numpy(np.asarray(unembedding, dtype=np.float32))
                 self.module.out.weight.copy_(rows)
@@ -132,9 +125,6 @@ class Layer:
         """Write the layer to `path` (a .pt file), atomically."""
         import torch
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
         state = {
             "format": FORMAT,
             "hidden_size": self.hidden_size,
@@ -144,19 +134,14 @@ class Layer:
             "weights": self.module.state_dict(),
             "meta": self.meta,
         }
-        torch.save(state, tmp)
-        tmp.replace(path)
+        save_state(path, state)
 
     @classmethod
     def load(cls, path: str | Path) -> Layer:
         """Read a layer written by `save`, `ready` to run; ValueError naming the file where it
         is not one."""
-        import torch
 
-        try:
-            state = torch.load(Path(path), map_location="cpu", weights_only=True)
-            if state.get("format") != FORMAT:
-                raise ValueError(f"format {state.get('format')!r}, this specwise reads {FORMAT}")
+        def build(state: dict) -> Layer:
             layer = cls(
                 state["hidden_size"],
                 state["ids"].numpy(),
@@ -166,11 +151,9 @@ class Layer:
             )
             layer.module.load_state_dict(state["weights"])
             layer.ready()
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # any unreadable file: one clear error
-            raise ValueError(f"{path} holds no drafting layer specwise can read ({exc})") from None
-        return layer
+            return layer
+
+        return load_state(path, FORMAT, "drafting layer", build)
 
 
 @dataclass
@@ -283,22 +266,8 @@ class EagleDrafter:
         self._seqs: dict[int, _Seq] = {}
 
     def bind(self, target: LM) -> None:
-        got = getattr(target, "hidden_size", 0)
-        if not got:
-            raise ValueError(
-                "the eagle drafter reads the target's hidden states, and this target was loaded "
-                "without them (specwise loads it with them when --drafter names eagle)"
-            )
-        if got != self.layer.hidden_size:
-            raise ValueError(
-                f"this drafting layer was trained on hidden states of width "
-                f"{self.layer.hidden_size}; the target's are {got} wide: train one for this model"
-            )
-        if target.vocab_size != self.layer.vocab_size:
-            raise ValueError(
-                f"this drafting layer names tokens of a vocabulary of {self.layer.vocab_size}; "
-                f"the target's has {target.vocab_size}: train one for this model"
-            )
+        x = self.layer
+        check_target(target, x.hidden_size, x.vocab_size, "eagle", "this layer was", "a layer")
         self._target = target
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,18 @@ from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
 
-__all__ = ["FORMAT", "Heads", "HeadsDrafter", "draw", "heads_path", "model_key"]
+__all__ = [
+    "FORMAT",
+    "Heads",
+    "HeadsDrafter",
+    "check_target",
+    "check_vocab",
+    "draw",
+    "heads_path",
+    "load_state",
+    "model_key",
+    "save_state",
+]
 
 FORMAT = 1  # the file's layout version
 
@@ -91,20 +102,13 @@ class Heads:
         ids = np.asarray(ids, dtype=np.int64)
         if n_heads < 1:
             raise ValueError(f"n_heads = {n_heads} is invalid; use an integer >= 1")
-        if len(ids) == 0 or len(set(ids.tolist())) != len(ids):
-            raise ValueError("the heads' vocabulary must be distinct target ids, at least one")
-        if ids.min() < 0 or ids.max() >= vocab_size:
-            raise ValueError(f"the heads' vocabulary holds ids outside 0 .. {vocab_size - 1}")
+        check_vocab(ids, vocab_size, hidden_size, unembedding, "the heads'")
         self.hidden_size, self.n_heads, self.vocab_size = hidden_size, n_heads, vocab_size
         self.ids = ids
         self.meta = dict(meta or {})
         torch.manual_seed(seed)
         self.module = _module_class()(hidden_size, n_heads, len(ids))
         if unembedding is not None:
-            if unembedding.shape != (len(ids), hidden_size):
-                raise ValueError(
-                    f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
-                )
             with torch.no_grad():
                 self.module.out.weight.copy_(torch.from_numpy(np.asarray(unembedding)))
         self._fast: Any = None  # the inference copy (`logits`), made on first use
@@ -143,9 +147,6 @@ class Heads:
         """Write the heads to `path` (a .pt file), atomically."""
         import torch
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
         state = {
             "format": FORMAT,
             "hidden_size": self.hidden_size,
@@ -155,19 +156,14 @@ class Heads:
             "weights": self.module.state_dict(),
             "meta": self.meta,
         }
-        torch.save(state, tmp)
-        tmp.replace(path)
+        save_state(path, state)
 
     @classmethod
     def load(cls, path: str | Path) -> Heads:
         """Read heads written by `save`, `ready` to run; ValueError naming the file where it
         is not one."""
-        import torch
 
-        try:
-            state = torch.load(Path(path), map_location="cpu", weights_only=True)
-            if state.get("format") != FORMAT:
-                raise ValueError(f"format {state.get('format')!r}, this specwise reads {FORMAT}")
+        def build(state: dict) -> Heads:
             heads = cls(
                 state["hidden_size"],
                 state["n_heads"],
@@ -177,11 +173,76 @@ class Heads:
             )
             heads.module.load_state_dict(state["weights"])
             heads.ready()
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # any unreadable file: one clear error
-            raise ValueError(f"{path} holds no heads specwise can read ({exc})") from None
-        return heads
+            return heads
+
+        return load_state(path, FORMAT, "heads", build)
+
+
+def check_vocab(
+    ids: np.ndarray, vocab_size: int, hidden_size: int, unembedding: Any, whose: str
+) -> None:
+    """ValueError unless `ids` (a drafter network's reduced vocabulary, `whose`) are distinct
+    target ids, at least one, and `unembedding` is None or their output rows."""
+    if len(ids) == 0 or len(set(ids.tolist())) != len(ids):
+        raise ValueError(f"{whose} vocabulary must be distinct target ids, at least one")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"{whose} vocabulary holds ids outside 0 .. {vocab_size - 1}")
+    if unembedding is not None and unembedding.shape != (len(ids), hidden_size):
+        raise ValueError(
+            f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
+        )
+
+
+def save_state(path: str | Path, state: dict) -> None:
+    """Write a drafter network's state (tensors and plain values) to `path` (.pt), atomically."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_state(path: str | Path, fmt: int, what: str, build: Callable[[dict], Any]) -> Any:
+    """`build(state)` of the state `save_state` wrote to `path` in layout `fmt`; a missing file
+    is FileNotFoundError, any other failure one ValueError naming the file and `what` it is
+    not."""
+    import torch
+
+    try:
+        state = torch.load(Path(path), map_location="cpu", weights_only=True)
+        if state.get("format") != fmt:
+            raise ValueError(f"format {state.get('format')!r}, this specwise reads {fmt}")
+        return build(state)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # any unreadable file: one clear error
+        raise ValueError(f"{path} holds no {what} specwise can read ({exc})") from None
+
+
+def check_target(
+    target: LM, hidden_size: int, vocab_size: int, drafter: str, trained: str, again: str
+) -> None:
+    """`bind` of a drafter on the target's hidden states: ValueError unless `target` keeps them
+    at `hidden_size` wide over a vocabulary of `vocab_size`. trained: what the network is
+    ("these heads were"); again: what to train for this model ("heads")."""
+    got = getattr(target, "hidden_size", 0)
+    if not got:
+        raise ValueError(
+            f"the {drafter} drafter reads the target's hidden states, and this target was "
+            f"loaded without them (specwise loads it with them when --drafter names {drafter})"
+        )
+    if got != hidden_size:
+        raise ValueError(
+            f"{trained} trained on hidden states of width {hidden_size}; the target's are "
+            f"{got} wide: train {again} for this model"
+        )
+    if target.vocab_size != vocab_size:
+        raise ValueError(
+            f"{trained} trained on a vocabulary of {vocab_size} tokens; the target's has "
+            f"{target.vocab_size}: train {again} for this model"
+        )
 
 
 @functools.cache
@@ -285,22 +346,8 @@ class HeadsDrafter:
         self._target: LM | None = None
 
     def bind(self, target: LM) -> None:
-        got = getattr(target, "hidden_size", 0)
-        if not got:
-            raise ValueError(
-                "the heads drafter reads the target's hidden states, and this target was "
-                "loaded without them (specwise loads it with them when --drafter names heads)"
-            )
-        if got != self.heads.hidden_size:
-            raise ValueError(
-                f"these heads were trained on hidden states of width {self.heads.hidden_size}; "
-                f"the target's are {got} wide: train heads for this model"
-            )
-        if target.vocab_size != self.heads.vocab_size:
-            raise ValueError(
-                f"these heads name tokens of a vocabulary of {self.heads.vocab_size}; the "
-                f"target's has {target.vocab_size}: train heads for this model"
-            )
+        h = self.heads
+        check_target(target, h.hidden_size, h.vocab_size, "heads", "these heads were", "heads")
         self._target = target
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
