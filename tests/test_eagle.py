@@ -95,17 +95,16 @@ def test_the_cache_read_in_pieces_gives_the_logits_of_one_forward_over_the_answe
     t = rng.integers(0, 8, size=9)
     with torch.inference_mode():
         whole = layer.module(torch.from_numpy(h)[None], torch.from_numpy(layer.index(t))[None])[0]
-        keys = values = torch.zeros(0, layer.width)
-        at = 0
+        cache, at = layer.new_cache(), 0
         for n in (1, 3, 1, 4):
-            last, keys, values = layer.module.step(
+            last = layer.module.step(
                 torch.from_numpy(h[at : at + n]),
                 torch.from_numpy(layer.index(t[at : at + n])),
-                keys,
-                values,
+                cache,
             )
             at += n
             np.testing.assert_allclose(last.numpy(), whole[at - 1].numpy(), rtol=1e-4, atol=1e-4)
+    assert cache.n == 9 and len(cache.keys) >= 9
     cache = layer.new_cache()  # the int8 copy the drafter runs: the same logits, to int8's error
     layer.step(cache, h[:5], t[:5])
     fast, want = layer.step(cache, h[5:], t[5:]), whole[-1].numpy()

@@ -99,8 +99,7 @@ class Layer:
         with torch.inference_mode():
             h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
             t = torch.from_numpy(self.index(tokens))
-            logits, cache.keys, cache.values = self._fast.step(h, t, cache.keys, cache.values)
-        return logits.numpy()
+            return self._fast.step(h, t, cache).numpy()
 
     def new_cache(self) -> Cache:
         import torch
@@ -158,10 +157,28 @@ class Layer:
 
 @dataclass
 class Cache:
-    """The layer's keys and values [positions, width] for one sequence (torch tensors)."""
+    """The layer's keys and values for one sequence: buffers [capacity, width] (torch tensors)
+    whose first n rows are filled."""
 
     keys: Any
     values: Any
+    n: int = 0
+
+    def extend(self, k, v):
+        """Append rows k, v [m, width] (the buffers grow by doubling, so a round copies nothing
+        already cached); returns the filled keys and values."""
+        end = self.n + len(k)
+        if end > len(self.keys):
+            size = max(end, 2 * len(self.keys), 64)
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                grown = old.new_empty(size, old.shape[1])
+                grown[: self.n] = old[: self.n]
+                setattr(self, name, grown)
+        self.keys[self.n : end] = k
+        self.values[self.n : end] = v
+        self.n = end
+        return self.keys[:end], self.values[:end]
 
 
 @functools.cache
@@ -191,15 +208,16 @@ def _module_class():
             nn.init.zeros_(self.back.bias)
             self.out = nn.Linear(d, n_ids, bias=False)
 
-        def block(self, h, t, past_k, past_v):
-            """[..., n, d] states and [..., n] token indices after `past` [..., P, width] keys
-            and values -> (the features h + Back(z) [..., n, d], keys, values [..., P + n, width])."""
+        def block(self, h, t, extend):
+            """[..., n, d] states and [..., n] token indices -> the features h + Back(z)
+            [..., n, d]; extend(k, v) adds the rows' keys and values to those before them and
+            returns them all [..., P + n, width]."""
             x = self.inp(torch.cat([h, self.emb(t)], dim=-1))
             q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
-            keys, values = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
+            keys, values = extend(k, v)
             n, total = x.shape[-2], keys.shape[-2]
-            # row i sees the past and new positions up to i
-            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+            # row i sees the past and new positions up to i (one row: all of them)
+            mask = None if n == 1 else torch.ones(n, total, dtype=torch.bool).tril(total - n)
 
             def split(a):  # [..., L, width] -> [..., heads, L, width / heads]
                 return a.unflatten(-1, (ATTENTION_HEADS, -1)).transpose(-3, -2)
@@ -209,15 +227,13 @@ def _module_class():
             )
             x = x + self.proj(att.transpose(-3, -2).flatten(-2))
             x = x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
-            return h + self.back(x), keys, values
+            return h + self.back(x)
 
         def forward(self, h, t):  # training: [B, L, d], [B, L] -> logits [B, L, n_ids]
-            empty = h.new_zeros(*h.shape[:-2], 0, self.proj.out_features)
-            return self.out(self.block(h, t, empty, empty)[0])
+            return self.out(self.block(h, t, lambda k, v: (k, v)))
 
-        def step(self, h, t, past_k, past_v):  # inference: [n, d], [n] -> logits [n_ids] at last
-            f, keys, values = self.block(h, t, past_k, past_v)
-            return self.out(f[-1:])[0], keys, values
+        def step(self, h, t, cache):  # inference: [n, d], [n] after `cache` -> logits at the last
+            return self.out(self.block(h, t, cache.extend)[-1:])[0]
 
     return LayerModule
 
@@ -290,7 +306,7 @@ class EagleDrafter:
         if states is None or len(states) == 0:  # nothing new, or not kept: no draft
             return Draft([], None)
         first = cached - len(states)
-        if first != s.read and len(s.cache.keys):  # positions lost: start again after them
+        if first != s.read and s.cache.n:  # positions lost: start again after them
             s.cache = self.layer.new_cache()
         logits = self.layer.step(s.cache, states, context[first + 1 : cached + 1])
         s.read = cached
