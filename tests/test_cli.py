@@ -92,7 +92,7 @@ def test_generate_prints_text_then_named_figures(smollm2_path, capsys):
         (["--target", "no-such-name"], "not a model file, folder or catalog name"),
         (["--pair", "nope"], "--pair 'nope' is unknown"),
         (["--k", "-2"], "--k -2 is invalid"),
-        (["--drafter", "eagle"], "--drafter 'eagle' is unknown"),
+        (["--drafter", "hydra"], "--drafter 'hydra' is unknown"),
     ],
 )
 def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
