@@ -1,5 +1,6 @@
-"""Training drafting heads on this machine (`specwise heads train`): self-distillation data from
-the target, the reduced vocabulary, and the training loop.
+"""Training drafters on the target's hidden states on this machine (`specwise heads train`: the
+heads, or with `--arch eagle` the eagle drafter's layer): self-distillation data from the
+target, the reduced vocabulary, and the training loops.
 
 1. **Prompts** (`corpus_prompts`) come from text every Python install ships: the functions of
    the standard library that have docstrings, asked for in the ways the bench's categories ask
@@ -7,15 +8,18 @@ the target, the reduced vocabulary, and the training loop.
    shipped bench prompt is used: a prompt sharing any run of `SHINGLE` words with one is dropped.
 2. **Data** (`generate`): the target answers them, several sequences per forward, greedily and
    at temperature 0.7 in turn. At every generated position t it keeps the hidden state h_t
-   that predicted token t+1 and the target's top `TOP` probabilities there, in shards under the
-   work folder, so that an interrupted run resumes where it stopped.
+   that predicted token t+1, the target's top `TOP` probabilities there and the token t+1 it
+   emitted, in shards under the work folder, so that an interrupted run resumes where it
+   stopped.
 3. **Vocabulary** (`choose_vocab`): the `vocab` target tokens the target emitted most often in
-   that data (top-1 of every kept distribution), ties by id; the heads can name only these.
+   that data (top-1 of every kept distribution), ties by id; the network can name only these.
 4. **Training** (`train`): head i at position t learns the target's distribution at t+i (the
    i-th token after the one h_t predicted), soft cross-entropy over the reduced vocabulary,
    AdamW, for the time left; the last tenth of the sequences is held out and scored
    (`evaluate`: how often each head's argmax is the target's, alone and as a chain). A
-   checkpoint after each epoch lets a stopped run go on.
+   checkpoint after each epoch lets a stopped run go on. The layer (`train_layer`) reads whole
+   answers, h_t with token t+1 at every position, and learns the distribution at t+1 (the
+   token after the next), scored the same way on the held-out answers (`evaluate_layer`).
 
 The result is saved next to the model's other measured state (`heads_path`). This module
 measures no speed; the bench does.
