@@ -13,7 +13,7 @@ from specwise.backends.base import HiddenLog
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.oracle import plain_decode
-from test_heads import _emitted, _joint
+from test_heads import SAMPLED, assert_emits_the_target_distribution
 from toy import ToyLM, ToyTokenizer, tiny_llama
 
 
@@ -48,22 +48,11 @@ def test_eagle_on_a_torch_target_greedy_equals_plain():
     assert res.summary.proposed > 10
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=1.0, max_tokens=3),
-        SamplingParams(temperature=0.7, top_k=2, max_tokens=3),
-    ],
-)
+@pytest.mark.parametrize("params", SAMPLED)
 def test_eagle_sampling_emits_exactly_the_target_distribution(params):
     target = ToyLM(vocab=3, seed=5, hidden=True)
-    prompt = [0, 2, 1]
     engine = Engine(target, EagleDrafter(_toy_layer(target)), k=1)
-    got = _emitted(engine, prompt, params, 3)
-    want = _joint(target, prompt, params, 3)
-    assert set(got) <= set(want)
-    for seq, prob in want.items():
-        assert abs(got.get(seq, 0.0) - prob) < 1e-9, (seq, got.get(seq), prob)
+    assert_emits_the_target_distribution(engine, target, [0, 2, 1], params)
 
 
 def test_eagle_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):

@@ -83,22 +83,26 @@ def _emitted(engine, prompt, params, n):
     return enumerate_outcomes(run)
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=1.0, max_tokens=3),
-        SamplingParams(temperature=0.7, top_k=2, max_tokens=3),
-    ],
-)
-def test_heads_sampling_emits_exactly_the_target_distribution(params):
-    target = ToyLM(vocab=3, seed=5, hidden=True)
-    prompt = [0, 2, 1]
-    engine = Engine(target, HeadsDrafter(_toy_heads(target)), k=2)
-    got = _emitted(engine, prompt, params, 3)
-    want = _joint(target, prompt, params, 3)
+SAMPLED = [  # the settings a drafter on hidden states is checked under, every outcome enumerated
+    SamplingParams(temperature=1.0, max_tokens=3),
+    SamplingParams(temperature=0.7, top_k=2, max_tokens=3),
+]
+
+
+def assert_emits_the_target_distribution(engine, target, prompt, params, n: int = 3) -> None:
+    """The engine's first n tokens are distributed exactly as the target's alone."""
+    got = _emitted(engine, prompt, params, n)
+    want = _joint(target, prompt, params, n)
     assert set(got) <= set(want)
     for seq, prob in want.items():
         assert abs(got.get(seq, 0.0) - prob) < 1e-9, (seq, got.get(seq), prob)
+
+
+@pytest.mark.parametrize("params", SAMPLED)
+def test_heads_sampling_emits_exactly_the_target_distribution(params):
+    target = ToyLM(vocab=3, seed=5, hidden=True)
+    engine = Engine(target, HeadsDrafter(_toy_heads(target)), k=2)
+    assert_emits_the_target_distribution(engine, target, [0, 2, 1], params)
 
 
 def test_a_heads_drafter_that_misstates_q_fails_the_same_check():

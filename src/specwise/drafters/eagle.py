@@ -104,8 +104,7 @@ class Layer:
     def new_cache(self) -> Cache:
         import torch
 
-        empty = torch.zeros(0, self.width)
-        return Cache(empty, empty)
+        return Cache(torch.zeros(0, self.width), torch.zeros(0, self.width))
 
     def publish(self) -> None:
         """The weights changed (training): copy them into the int8 copy that `step` runs
