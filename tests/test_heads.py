@@ -166,6 +166,8 @@ def test_training_on_a_toy_target_learns_heads_that_are_accepted(tmp_path):
     assert result["epochs"] == 1 and (tmp_path / "ckpt.pt").exists()
     result = distill.train(heads, data, seconds=5.0, checkpoint=tmp_path / "ckpt.pt", lr=0.05)
     assert result["epochs"] > 1  # resumed from the checkpoint, then went on
+    other = Heads(36, 2, ids[::-1].copy(), 6, seed=0)  # another vocabulary: not resumed
+    assert distill.train(other, data, seconds=0.0, checkpoint=tmp_path / "ckpt.pt")["epochs"] == 1
     assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
     greedy = SamplingParams(max_tokens=30)
     prompt = [0, 3, 1, 4]

@@ -386,7 +386,8 @@ def train(
                     target[torch.from_numpy(ok), i] = _dense(red, probs, lab[ok, i], len(heads.ids))
             yield soft_loss(heads.module(hidden[rows].float()), target)
 
-    epochs = _fit(heads.module, batches, seconds, checkpoint, lr, seed, "training heads")
+    key = _data_key(data, heads.ids)
+    epochs = _fit(heads.module, batches, seconds, checkpoint, key, lr, seed, "training heads")
     heads.publish()
     return {
         "epochs": epochs,
@@ -396,10 +397,26 @@ def train(
     }
 
 
-def _fit(module, batches, seconds: float, checkpoint: Path | None, lr: float, seed: int, desc: str):
+def _data_key(data: Data, ids: np.ndarray) -> dict:
+    """What a checkpoint was trained on: how many positions, and the vocabulary."""
+    return {"positions": len(data), "ids": [int(i) for i in ids]}
+
+
+def _fit(
+    module,
+    batches,
+    seconds: float,
+    checkpoint: Path | None,
+    key: dict,
+    lr: float,
+    seed: int,
+    desc: str,
+):
     """The training loop: AdamW on the losses `batches(rng)` yields (None: skip), whole epochs
     while `seconds` are left (at least one), a checkpoint after each; returns the epochs done
-    (counting those of the checkpoint it resumed from). Leaves `module` in eval mode."""
+    (counting those of the checkpoint it resumed from). A checkpoint resumes only where it
+    was written for the same `key` (the data and the vocabulary); another is started afresh.
+    Leaves `module` in eval mode."""
     import torch
     from tqdm import tqdm
 
@@ -408,9 +425,16 @@ def _fit(module, batches, seconds: float, checkpoint: Path | None, lr: float, se
     epoch = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        module.load_state_dict(state["weights"])
-        opt.load_state_dict(state["optimizer"])
-        epoch = int(state["epoch"])
+        if state.get("key") == key:
+            module.load_state_dict(state["weights"])
+            opt.load_state_dict(state["optimizer"])
+            epoch = int(state["epoch"])
+        else:
+            print(
+                f"{checkpoint.name} was trained on other data or another vocabulary; "
+                "training from the start",
+                file=sys.stderr,
+            )
     rng = np.random.default_rng(seed + epoch)
     start = time.perf_counter()
     bar = tqdm(total=max(1, int(seconds)), desc=desc, unit="s", file=sys.stderr)
@@ -431,7 +455,12 @@ def _fit(module, batches, seconds: float, checkpoint: Path | None, lr: float, se
         if checkpoint is not None:  # atomically: a run stopped while saving keeps the last one
             tmp = checkpoint.with_suffix(".partial")
             torch.save(
-                {"weights": module.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch},
+                {
+                    "weights": module.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "epoch": epoch,
+                    "key": key,
+                },
                 tmp,
             )
             tmp.replace(checkpoint)
@@ -530,7 +559,8 @@ def train_layer(
             logp = torch.log_softmax(layer.module(h, t)[has], dim=-1)
             yield -(y[has] * logp).sum() / int(has.sum())
 
-    epochs = _fit(layer.module, batches, seconds, checkpoint, lr, seed, "training the layer")
+    key = _data_key(data, layer.ids)
+    epochs = _fit(layer.module, batches, seconds, checkpoint, key, lr, seed, "training the layer")
     layer.publish()
     return {
         "epochs": epochs,
