@@ -509,7 +509,8 @@ def _runs(data: Data, rows: np.ndarray) -> list[tuple[int, int]]:
 def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red, probs):
     """Padded training tensors for answers `runs`: states [B, L, d], token indices [B, L],
     label distributions [B, L, N] (the target's at the next position; all zero where there
-    is none) and each label's target top id [B, L] (-1: none)."""
+    is none), each label's target top id [B, L] (-1: none) and the target's state at the next
+    position [B, L, d]."""
     import torch
 
     width = max(e - a for a, e in runs) - 1
@@ -518,15 +519,17 @@ def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red,
     t = torch.full((len(runs), width), n, dtype=torch.long)
     y = torch.zeros(len(runs), width, n)
     top = torch.full((len(runs), width), -1, dtype=torch.long)
+    nxt = torch.zeros(len(runs), width, layer.hidden_size)
     for b, (a, e) in enumerate(runs):
         m = e - a - 1
         if m <= 0:
             continue
-        h[b, :m] = torch.from_numpy(data.hidden[a : e - 1].astype(np.float32))
+        states = torch.from_numpy(data.hidden[a:e].astype(np.float32))
+        h[b, :m], nxt[b, :m] = states[:-1], states[1:]
         t[b, :m] = torch.from_numpy(layer.index(data.tokens[a : e - 1]))
         y[b, :m] = _dense(red, probs, np.arange(a + 1, e), n)
         top[b, :m] = torch.from_numpy(data.top_ids[a + 1 : e, 0].astype(np.int64))
-    return h, t, y, top
+    return h, t, y, top, nxt
 
 
 def train_layer(
@@ -537,9 +540,13 @@ def train_layer(
     batch: int = 8,
     lr: float = 5e-4,
     seed: int = 0,
+    feature_weight: float = 0.0,
 ) -> dict:
     """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
-    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers."""
+    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers.
+    The loss: soft cross-entropy against the target's next distribution, plus
+    `feature_weight` times the smooth-L1 distance of the layer's feature (what its output
+    layer reads) from the target's own next state (EAGLE's regression term)."""
     import torch
 
     red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
@@ -549,17 +556,21 @@ def train_layer(
     def batches(rng):
         order = rng.permutation(len(fit_runs))
         for b in range(0, len(order), batch):
-            h, t, y, _ = _layer_batch(
+            h, t, y, _, nxt = _layer_batch(
                 layer, data, [fit_runs[i] for i in order[b : b + batch]], red, probs
             )
             has = y.sum(dim=-1) > 0
             if not bool(has.any()):
                 yield None
                 continue
-            logp = torch.log_softmax(layer.module(h, t)[has], dim=-1)
-            yield -(y[has] * logp).sum() / int(has.sum())
+            f = layer.module.features(h, t)[has]
+            logp = torch.log_softmax(layer.module.out(f), dim=-1)
+            loss = -(y[has] * logp).sum() / int(has.sum())
+            if feature_weight:
+                loss = loss + feature_weight * torch.nn.functional.smooth_l1_loss(f, nxt[has])
+            yield loss
 
-    key = _data_key(data, layer.ids)
+    key = {**_data_key(data, layer.ids), "feature_weight": feature_weight}
     epochs = _fit(layer.module, batches, seconds, checkpoint, key, lr, seed, "training the layer")
     layer.publish()
     return {
@@ -581,7 +592,7 @@ def evaluate_layer(layer: Layer, data: Data, rows: np.ndarray, red=None, probs=N
     right = scored = 0
     with torch.inference_mode():
         for b in range(0, len(runs), 8):
-            h, t, _, top = _layer_batch(layer, data, runs[b : b + 8], red, probs)
+            h, t, _, top, _ = _layer_batch(layer, data, runs[b : b + 8], red, probs)
             guess = torch.from_numpy(layer.ids)[layer.module(h, t).argmax(dim=-1)]
             right += int(((guess == top) & (top >= 0)).sum())
             scored += int((top >= 0).sum())
