@@ -1,16 +1,18 @@
-"""Online adaptation of the heads (`specwise.adapt`): the examples served requests become, the
-training thread that learns from them and swaps the weights in, exactness while it does, and
-keeping tenants apart."""
+"""Online adaptation of the heads and of the eagle layer (`specwise.adapt`): the examples
+served requests become, the training thread that learns from them and swaps the weights in,
+exactness while it does, and keeping tenants apart."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
-from specwise.adapt import Adapter, Replay
+from specwise.adapt import Adapter, Answers, Replay
+from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.drafters.heads import Heads, HeadsDrafter
 from specwise.oracle import plain_decode
 from toy import ToyLM
@@ -23,6 +25,19 @@ def _setup(scope="global", **kw):
     adapter = Adapter(heads, scope=scope, **kw)
     engine = Engine(target, HeadsDrafter(heads, adapter), k=2, learner=adapter)
     return target, heads, adapter, engine
+
+
+def _setup_layer(**kw):
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
+    layer = Layer(target.hidden_size, list(range(6)), 6, width=16, seed=0)
+    layer.ready()
+    adapter = Adapter(layer, **kw)
+    engine = Engine(target, EagleDrafter(layer, adapter), k=1, learner=adapter)
+    return target, layer, adapter, engine
+
+
+def _torch_equal(a, b) -> bool:
+    return bool((a.detach() == b).all())
 
 
 def _prompts(n, offset=0):
@@ -80,11 +95,17 @@ def test_a_cancelled_request_teaches_nothing():
     assert adapter.examples == 0 and adapter._states == {}
 
 
-def test_adapting_raises_acceptance_and_greedy_output_stays_plain():
-    target, heads, adapter, engine = _setup(budget=1.0, lr=0.05, passes=40, swap_every=5)
+@pytest.mark.parametrize(
+    "kind, kw",
+    [("heads", {"lr": 0.05}), ("eagle", {"lr": 0.02, "batch": 32})],
+)
+def test_adapting_raises_acceptance_and_greedy_output_stays_plain(kind, kw):
+    setup = _setup if kind == "heads" else _setup_layer
+    target, net, adapter, engine = setup(budget=1.0, passes=40, swap_every=5, **kw)
     greedy = SamplingParams(max_tokens=24)
     probe = [[0, 3, 1, 4], [5, 2, 2, 1]]
     before = [engine.generate(p, greedy).summary for p in probe]
+    trained = {k: v.clone() for k, v in net.module.state_dict().items()}
     adapter.start()
     try:
         for p in _prompts(40):
@@ -94,16 +115,14 @@ def test_adapting_raises_acceptance_and_greedy_output_stays_plain():
     finally:
         adapter.close()
     assert adapter.stats()["steps"] > 0 and adapter.stats()["swaps"] > 0
-    assert adapter.heads_for(10**6) is not heads  # the adapted copy
+    assert adapter.net_for(10**6) is not net  # the adapted copy
     after = [engine.generate(p, greedy) for p in probe]
     for p, res in zip(probe, after, strict=True):
         assert res.tokens == plain_decode(target, p, greedy)
     rate = lambda ss: sum(s.accepted for s in ss) / sum(s.proposed for s in ss)  # noqa: E731
     assert rate([r.summary for r in after]) > max(0.6, 1.5 * rate(before))
-    np.testing.assert_array_equal(  # the trained heads were not touched
-        heads.module.out.weight.detach().numpy(),
-        Heads(target.hidden_size, 2, list(range(6)), 6, seed=0).module.out.weight.detach().numpy(),
-    )
+    for name, w in net.module.state_dict().items():  # the trained network was not touched
+        assert _torch_equal(w, trained[name]), name
 
 
 def test_adapted_heads_are_kept_across_a_restart_for_the_same_heads_and_scope(tmp_path, caplog):
@@ -122,9 +141,9 @@ def test_adapted_heads_are_kept_across_a_restart_for_the_same_heads_and_scope(tm
     h = np.linspace(-1, 1, heads.hidden_size).astype(np.float32)
     for tenant in ("alice", "bob"):
         np.testing.assert_array_equal(
-            again._tenants[tenant].heads.logits(h), adapter._tenants[tenant].heads.logits(h)
+            again._tenants[tenant].net.logits(h), adapter._tenants[tenant].net.logits(h)
         )
-        assert not np.array_equal(again._tenants[tenant].heads.logits(h), heads.logits(h))
+        assert not np.array_equal(again._tenants[tenant].net.logits(h), heads.logits(h))
     engine = Engine(_target, HeadsDrafter(heads, again), k=2, learner=again)
     _serve(engine, [0, 3, 1, 4], SamplingParams(max_tokens=20), "alice")
     again.step(again._tenants["alice"], np.random.default_rng(0))  # goes on learning
@@ -135,8 +154,75 @@ def test_adapted_heads_are_kept_across_a_restart_for_the_same_heads_and_scope(tm
     assert "starting from the trained heads" in caplog.text
     assert Adapter(heads).load(tmp_path / "none.pt") == 0
     (tmp_path / "bad.pt").write_bytes(b"not a file of adapted heads")
-    with pytest.raises(ValueError, match="holds no adapted heads"):
+    with pytest.raises(ValueError, match="holds no adapted drafter"):
         Adapter(heads).load(tmp_path / "bad.pt")
+
+
+def test_answers_keep_the_newest_positions_whole():
+    a = Answers(5)
+    for n in (2, 3, 2):
+        a.add(np.zeros((n, 1)), np.zeros(n, np.int64), np.full(n, n))
+    assert [len(x[2]) for x in a.items] == [3, 2] and a.size == 5 and a.added == 7
+    got = a.sample(4, np.random.default_rng(0))
+    assert sum(len(x[2]) for x in got) >= 4
+    a.add(np.zeros((9, 1)), np.zeros(9, np.int64), np.arange(9))  # longer than the buffer: its end
+    assert [x[2].tolist() for x in a.items] == [[4, 5, 6, 7, 8]]
+
+
+def test_a_finished_request_becomes_one_answer_for_the_layer():
+    """Every position from the prompt's last on, with its state, the token that followed it
+    and the one after that as the label."""
+    _target, _layer, adapter, engine = _setup_layer()
+    prompt = [0, 3, 1, 4]
+    res = engine.generate(prompt, SamplingParams(max_tokens=12))
+    ctx = prompt + res.tokens
+    ((hidden, tokens, labels),) = adapter._tenants[None].replay.items
+    first = len(ctx) - 1 - len(labels)  # to the last position but one: the last has no state
+    assert first <= len(prompt) - 1  # what the target kept: the toy keeps the prompt's states
+    for i, h in enumerate(hidden):
+        p = first + i
+        if p:  # the toy's state names the last two tokens, so its position
+            assert divmod(int(np.argmax(h)), 6) == (ctx[p - 1], ctx[p])
+        assert tokens[i] == ctx[p + 1]
+        assert labels[i] == (ctx[p + 2] if p + 2 < len(ctx) else -1)
+    assert adapter.examples == len(labels) - 1 and adapter._states == {}
+
+
+def test_a_request_drafts_to_its_end_with_the_weights_it_began_with():
+    """The layer's cache was filled by the weights of its first proposal: a copy published
+    mid-request serves the requests begun after it."""
+    _target, _layer, adapter, engine = _setup_layer(budget=1.0, passes=2)
+    engine.generate([0, 3, 1, 4], SamplingParams(max_tokens=12))
+    drafter = engine.drafters[0]
+    req = engine.start([5, 2, 2, 1], SamplingParams(max_tokens=12))
+    engine.step([req])
+    began = drafter._seqs[req.seq].cache.net
+    adapter.step(adapter._tenants[None], np.random.default_rng(0))
+    adapter._publish()
+    assert adapter.net_for(req.seq)._fast is not began  # new weights published
+    while not req.done:
+        engine.step([req])
+        assert drafter._seqs[req.seq].cache.net is began
+    engine.finish(req)
+    req = engine.start([5, 2, 2, 1], SamplingParams(max_tokens=4))
+    engine.step([req])
+    assert drafter._seqs[req.seq].cache.net is adapter.net_for(req.seq)._fast
+    engine.finish(req)
+
+
+def test_an_adapted_layer_is_kept_across_a_restart_and_never_taken_for_heads(tmp_path, caplog):
+    _target, layer, adapter, engine = _setup_layer(scope="key", budget=1.0, passes=2)
+    _serve(engine, [0, 3, 1, 4], SamplingParams(max_tokens=20), "alice")
+    adapter.step(adapter._tenants["alice"], np.random.default_rng(0))
+    path = tmp_path / "adapted.pt"
+    assert adapter.save(path) == 1
+    again = Adapter(layer, scope="key")
+    assert again.load(path) == 1
+    for name, w in adapter._tenants["alice"].net.module.state_dict().items():
+        assert _torch_equal(again._tenants["alice"].net.module.state_dict()[name], w), name
+    heads = Heads(layer.hidden_size, 1, list(range(6)), 6, seed=0)
+    assert Adapter(heads, scope="key").load(path) == 0  # a layer's copies are no heads'
+    assert "starting from the trained heads" in caplog.text
 
 
 def test_without_traffic_the_thread_does_no_work():
@@ -161,10 +247,10 @@ def test_per_key_adaptation_keeps_tenants_apart_and_drops_the_least_recent():
         for tenant in ("a", "b"):
             _serve(engine, [0, 3, 1, 4], greedy, tenant)
         _wait(adapter)
-        a, b = adapter._tenants["a"].heads, adapter._tenants["b"].heads
+        a, b = adapter._tenants["a"].net, adapter._tenants["b"].net
         assert a is not None and b is not None and a is not b
         req = engine.start([2, 2, 1], greedy, tenant="c")  # a new tenant drafts with the trained
-        assert adapter.heads_for(req.seq) is heads
+        assert adapter.net_for(req.seq) is heads
         while not req.done:
             engine.step([req])
         engine.finish(req)
@@ -248,12 +334,13 @@ def test_the_server_adapts_per_key_and_reports_it(smollm2_path):
     assert not adapter._thread.is_alive()  # the app's end stopped it
 
 
-def test_bench_adapt_reports_windows_and_the_last_over_the_first():
+@pytest.mark.parametrize("d", ["heads", "eagle"])
+def test_bench_adapt_reports_windows_and_the_last_over_the_first(d):
     from specwise.bench.adapt import table
 
     rows = []
     for i in range(100):
-        for c, acc in (("plain", 0), ("heads", 2), ("heads+adapt", 2 if i < 50 else 6)):
+        for c, acc in (("plain", 0), (d, 2), (f"{d}+adapt", 2 if i < 50 else 6)):
             rows.append(
                 {
                     "index": i,
@@ -262,15 +349,30 @@ def test_bench_adapt_reports_windows_and_the_last_over_the_first():
                     "accepted": acc,
                     "speedup": 1.0 if c == "plain" else 1.0 + acc / 10,
                     "tokens_per_s": 20.0,
-                    "same_as_plain": not (c == "heads" and i in (7, 8)),
+                    "same_as_plain": not (c == d and i in (7, 8)),
                     "near_tie": i == 7,
                 }
             )
     meta = {"model": "m", "backend": "b", "k": 1, "max_tokens": 8, "temperature": 0.0}
+    meta |= {"drafter": d} if d != "heads" else {}  # a run before --drafter: the heads
     meta |= {"budget": 0.1, "steps": 5, "swaps": 1, "examples": 99}
     text = "\n".join(table(rows, meta))
     assert "| 1–50 | 0.200 | 0.200 | 1.20x | 1.20x | 20.0 |" in text
     assert "| 51–100 | 0.200 | 0.600 | 1.20x | 1.60x | 20.0 |" in text
-    assert "heads+adapt: acceptance over requests 51–100 is 3.00x that over 1–50" in text
-    assert "heads: acceptance over requests 51–100 is 1.00x" in text
-    assert "differing from plain: heads 2 (1 at a near-tie), heads+adapt 0 (0 at a" in text
+    assert f"{d} k=1" in text and f"| acceptance, {d} | acceptance, {d}+adapt |" in text
+    assert f"{d}+adapt: acceptance over requests 51–100 is 3.00x that over 1–50" in text
+    assert f"{d}: acceptance over requests 51–100 is 1.00x" in text
+    assert f"differing from plain: {d} 2 (1 at a near-tie), {d}+adapt 0 (0 at a" in text
+
+
+def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(smollm2_path, tmp_path):
+    from specwise.backends.llama_cpp import LlamaCppLM
+    from specwise.bench import adapt
+
+    target = LlamaCppLM(smollm2_path, context_length=512, max_sequences=4, hidden=True)
+    layer = Layer(target.hidden_size, list(range(1024)), target.vocab_size, width=16)
+    lines = adapt.run(target, layer, tmp_path, requests=2, max_tokens=6, budget=1.0)
+    rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [r["config"] for r in rows] == ["plain", "eagle", "eagle+adapt"] * 2
+    assert all(r["same_as_plain"] or r["near_tie"] for r in rows)
+    assert "eagle k=1" in lines[0] and (tmp_path / "by_request.png").exists()

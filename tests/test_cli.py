@@ -121,7 +121,8 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
         (["--max-batch", "0"], "--max-batch 0 is invalid"),
         (["--adapt-budget", "0"], "--adapt-budget 0 is invalid"),
         (["--adapt-buffer", "0"], "--adapt-buffer 0 is invalid"),
-        (["--adapt", "key", "--k", "4", "--drafter", "ngram"], "--adapt key adapts the heads"),
+        (["--adapt", "key", "--k", "4", "--drafter", "ngram"], "adapts one drafter on hidden"),
+        (["--adapt", "global", "--k", "auto", "--drafter", "heads,eagle"], "not both"),
         (["--adapt-cache", "adapted.pt"], "--adapt-cache keeps what --adapt learns"),
     ],
 )

@@ -1,34 +1,41 @@
-"""`Adapter`: drafting heads that keep learning from the traffic a server serves (online
-speculative decoding, OSD: Liu et al., arXiv 2310.07177), for `specwise serve --adapt`.
+"""`Adapter`: a drafter on the target's hidden states that keeps learning from the traffic a
+server serves (online speculative decoding, OSD: Liu et al., arXiv 2310.07177), for
+`specwise serve --adapt`: the Medusa heads (`drafters.heads`) or the eagle drafter's layer
+(`drafters.eagle`).
 
-What it learns from. The engine shows it every round of every request (`observe`): the
-target's final hidden state h_p at the request's last cached position p, the state whose
-logits gave the token at p+1. When the request ends (`finish`) each kept state becomes one
-example whose labels are the tokens the target emitted at p+2 .. p+1+H (head i's answer, as
-an index into the heads' vocabulary; -1 where the token is outside it or past the end).
-Under greedy decoding these are the target's argmaxes; sampled, they are draws from the
+What it learns from. The engine shows it the target after every round of every request
+(`observe`). For the heads it keeps the final hidden state h_p at the request's last cached
+position p, the state whose logits gave the token at p+1; when the request ends (`finish`)
+each kept state becomes one example whose labels are the tokens the target emitted at
+p+2 .. p+1+H (head i's answer, as an index into the heads' vocabulary; -1 where the token is
+outside it or past the end). For the layer it keeps the state of every position of the
+answer, and the answer becomes one example: the states, the token that followed each, and the
+token after that as its label (the layer reads the whole answer, `distill.train_layer`).
+Under greedy decoding the labels are the target's argmaxes; sampled, they are draws from the
 target, whose cross-entropy has the expectation (and the gradient) of the soft one that
 `distill` trains with. A failed or cancelled request teaches nothing. Examples go to a
-bounded replay buffer (`Replay`: the newest `capacity`).
+bounded replay buffer (`Replay`: the newest `capacity` positions; `Answers`: the newest
+answers holding at most `capacity` positions).
 
 How. One background thread, with one torch thread, never the scheduler's: AdamW steps on
-`batch` examples drawn from a buffer, each step followed by a sleep that keeps the thread's
-CPU time within `budget` of one core. It trains while a buffer's examples have been drawn
-fewer than `passes` times on average, so without traffic it does no work. Every `swap_every`
-steps, and when it runs out of work, the new weights go to the heads the drafter reads
-(`Heads.publish`: one reference assignment, so a round drafts with the old weights or the
-new, never a mix). A training error is logged and stops the adaptation; serving goes on with
-the heads as they were.
+`batch` positions drawn from a buffer (for the layer: whole answers, until they hold `batch`
+positions), each step followed by a sleep that keeps the thread's CPU time within `budget` of
+one core. It trains while a buffer's positions have been drawn fewer than `passes` times on
+average, so without traffic it does no work. Every `swap_every` steps, and when it runs out
+of work, the new weights go to the network the drafter reads (`publish`: one reference
+assignment, so a round drafts with the old weights or the new, never a mix; the layer keeps
+the weights a request began with to its end, since its cache was filled by them). A training
+error is logged and stops the adaptation; serving goes on with the network as it was.
 
-Whose heads. Scope "global": one adapted copy for every request. "key": one per tenant (the
+Whose network. Scope "global": one adapted copy for every request. "key": one per tenant (the
 server's hash of an API key; requests without a key are one tenant), each grown from the
-trained heads, so no tenant's drafts are shaped by another's text; at most `tenants` copies
-live, the least recently used dropped (that tenant starts again from the trained heads). The
-trained heads and their file are never changed.
+trained network, so no tenant's drafts are shaped by another's text; at most `tenants` copies
+live, the least recently used dropped (that tenant starts again from the trained network). The
+trained network and its file are never changed.
 
 Across restarts (`serve --adapt-cache PATH`): `save` writes every adapted copy's weights, by
-tenant, to one file; `load` takes them back, but only for the same trained heads and scope (a
-copy adapted from other heads, or kept for another scope, is left out with a log line). The
+tenant, to one file; `load` takes them back, but only for the same trained network and scope
+(a copy adapted from another, or kept for another scope, is left out with a log line). The
 replay buffers and the optimizer's state are not kept: a restored copy goes on learning from
 new traffic.
 """
@@ -45,10 +52,12 @@ from typing import Any
 
 import numpy as np
 
+from specwise.backends.base import LM
+from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads
 from specwise.request import Request
 
-__all__ = ["SCOPES", "Adapter", "Replay"]
+__all__ = ["SCOPES", "Adapter", "Answers", "Replay"]
 
 log = logging.getLogger(__name__)
 SCOPES = ("key", "global")
@@ -56,14 +65,14 @@ FORMAT = 1  # the layout of `Adapter.save`'s file
 
 
 class Replay:
-    """Replay(capacity, hidden_size, n_heads): the newest `capacity` examples, hidden states
-    (float16) and labels [n_heads] (-1: none)."""
+    """Replay(capacity, hidden_size, n_heads): the heads' examples, the newest `capacity`:
+    hidden states (float16) and labels [n_heads] (-1: none)."""
 
     def __init__(self, capacity: int, hidden_size: int, n_heads: int) -> None:
         self.hidden = np.zeros((capacity, hidden_size), dtype=np.float16)
         self.labels = np.full((capacity, n_heads), -1, dtype=np.int32)
-        self.size = 0  # examples held
-        self.added = 0  # examples ever added
+        self.size = 0  # positions held
+        self.added = 0  # positions ever added
         self._next = 0
 
     def add(self, hidden: np.ndarray, labels: np.ndarray) -> None:
@@ -80,28 +89,174 @@ class Replay:
         return self.hidden[rows], self.labels[rows]
 
 
+class Answers:
+    """Answers(capacity): the layer's examples, whole answers, the newest holding at most
+    `capacity` positions in all: states [n, d] (float16), the token index that followed each
+    [n] and the label after it [n] (-1: none)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = (
+            collections.deque()
+        )
+        self.size = 0  # positions held
+        self.added = 0  # positions ever added
+
+    def add(self, hidden: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
+        keep = slice(-self.capacity, None)  # an answer longer than the buffer: its end
+        self.items.append((hidden[keep], tokens[keep], labels[keep]))
+        self.size += len(self.items[-1][2])
+        self.added += len(labels)
+        while self.size > self.capacity:
+            self.size -= len(self.items.popleft()[2])
+
+    def sample(self, n: int, rng: np.random.Generator) -> list[tuple]:
+        """Answers drawn uniformly with replacement until they hold n positions (at least one
+        answer)."""
+        got: list[tuple] = []
+        held = 0
+        while held < n or not got:
+            got.append(self.items[int(rng.integers(0, len(self.items)))])
+            held += len(got[-1][2])
+        return got
+
+
+class _Work:
+    """What one kind of network learns from (a subclass per kind): `observe` keeps states,
+    `example` makes a finished request's example, `draw` and `loss` train on them."""
+
+    name = ""
+
+    def __init__(self, net: Any) -> None:
+        self.net = net
+        where = np.full(net.vocab_size, -1, dtype=np.int32)
+        where[net.ids] = np.arange(len(net.ids), dtype=np.int32)
+        self.where = where  # target id -> index in the network's vocabulary, or -1
+
+
+class _HeadsWork(_Work):
+    """What the heads learn from: one state a round, labelled with the H tokens after the one
+    it predicted (module docstring)."""
+
+    name = "heads"
+
+    def replay(self, capacity: int) -> Replay:
+        return Replay(capacity, self.net.hidden_size, self.net.n_heads)
+
+    def observe(self, states: dict[int, np.ndarray], target: LM, seq: int) -> None:
+        hidden = target.hidden(seq)
+        if hidden is not None:
+            states[target.length(seq) - 1] = np.asarray(hidden, np.float16)
+
+    def example(self, states: dict[int, np.ndarray], ctx: np.ndarray) -> tuple | None:
+        """(hidden [n, d], labels [n, H]) of a finished request's kept states, or None."""
+        n_heads = self.net.n_heads
+        pos = np.fromiter(states, dtype=np.int64)
+        labels = np.full((len(pos), n_heads), -1, dtype=np.int32)
+        for i in range(1, n_heads + 1):
+            at = pos + 1 + i
+            ok = at < len(ctx)
+            labels[ok, i - 1] = self.where[ctx[at[ok]]]
+        useful = (labels >= 0).any(axis=1)
+        if not useful.any():
+            return None
+        return np.stack(list(states.values()))[useful], labels[useful]
+
+    def draw(self, replay: Replay, batch: int, rng: np.random.Generator):
+        """(`batch` examples drawn from `replay`, copies; the positions drawn)."""
+        drawn = replay.sample(batch, rng)
+        return drawn, len(drawn[1])
+
+    def loss(self, net: Heads, drawn):
+        import torch
+
+        from specwise.distill import soft_loss
+
+        hidden, labels = drawn
+        target = torch.zeros(len(labels), net.n_heads, len(net.ids))
+        rows, heads = np.nonzero(labels >= 0)
+        target[rows, heads, labels[rows, heads]] = 1.0
+        return soft_loss(net.module(torch.from_numpy(hidden).float()), target)
+
+
+class _LayerWork(_Work):
+    """What the eagle drafter's layer learns from: every position of an answer, with the token
+    that followed it and the one after that as its label (module docstring)."""
+
+    name = "eagle"
+
+    def replay(self, capacity: int) -> Answers:
+        return Answers(capacity)
+
+    def observe(self, states: dict[int, np.ndarray], target: LM, seq: int) -> None:
+        read = max(states) + 1 if states else 0
+        rows = target.hiddens(seq, read)
+        if rows is None:
+            return
+        first = target.length(seq) - len(rows)
+        for i, row in enumerate(rows):
+            states[first + i] = np.asarray(row, np.float16)
+
+    def example(self, states: dict[int, np.ndarray], ctx: np.ndarray) -> tuple | None:
+        """(states [n, d], token indices [n], labels [n]) of a finished request's answer (its
+        last run of consecutive positions), or None."""
+        pos = np.array(sorted(states), dtype=np.int64)
+        gaps = np.flatnonzero(np.diff(pos) != 1)
+        pos = pos[gaps[-1] + 1 if len(gaps) else 0 :]
+        pos = pos[pos + 1 < len(ctx)]
+        if len(pos) == 0:
+            return None
+        labels = np.full(len(pos), -1, dtype=np.int32)
+        ok = pos + 2 < len(ctx)
+        labels[ok] = self.where[ctx[pos[ok] + 2]]
+        if not (labels >= 0).any():
+            return None
+        hidden = np.stack([states[int(p)] for p in pos])
+        return hidden, self.net.index(ctx[pos + 1]), labels
+
+    def draw(self, answers: Answers, batch: int, rng: np.random.Generator):
+        """(answers drawn from `answers` until they hold `batch` positions; the positions)."""
+        drawn = answers.sample(batch, rng)
+        return drawn, sum(len(a[2]) for a in drawn)
+
+    def loss(self, net: Layer, drawn):
+        import torch
+
+        width = max(len(a[2]) for a in drawn)
+        h = torch.zeros(len(drawn), width, net.hidden_size)
+        t = torch.full((len(drawn), width), len(net.ids), dtype=torch.long)
+        y = torch.full((len(drawn), width), -1, dtype=torch.long)
+        for b, (hidden, tokens, labels) in enumerate(drawn):
+            n = len(labels)
+            h[b, :n] = torch.from_numpy(hidden.astype(np.float32))
+            t[b, :n] = torch.from_numpy(tokens)
+            y[b, :n] = torch.from_numpy(labels.astype(np.int64))
+        logits = net.module(h, t)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1)
+
+
 class _Tenant:
     """One adapted copy: its examples, and (made by the training thread at its first step)
-    its heads and optimizer."""
+    its network and optimizer."""
 
-    def __init__(self, replay: Replay) -> None:
+    def __init__(self, replay: Replay | Answers) -> None:
         self.replay = replay
-        self.heads: Heads | None = None
+        self.net: Any = None
         self.opt: Any = None
-        self.drawn = 0  # examples drawn for training
+        self.drawn = 0  # positions drawn for training
         self.steps = 0
         self.unpublished = 0  # steps since the drafter's copy was last swapped
 
 
 class Adapter:
-    """Adapter(heads, scope="global", budget=0.1, ...): adapts copies of trained `heads` to the
-    requests an engine serves (module docstring). Give it to the engine as its `learner` and
-    to the heads drafter as its `adapter`; `start` the training thread, `close` it at the end.
-    Building one starts no thread and copies no weights."""
+    """Adapter(net, scope="global", budget=0.1, ...): adapts copies of a trained network, the
+    `Heads` or an eagle `Layer`, to the requests an engine serves (module docstring). Give it
+    to the engine as its `learner` and to the drafter as its `adapter`; `start` the training
+    thread, `close` it at the end. Building one starts no thread and copies no weights."""
 
     def __init__(
         self,
-        heads: Heads,
+        net: Heads | Layer,
         scope: str = "global",
         budget: float = 0.1,
         capacity: int = 8192,
@@ -121,13 +276,11 @@ class Adapter:
                 raise ValueError(f"an adaptation {name} of {value} is invalid; use >= 1")
         if swap_every < 1 or not lr > 0 or not passes > 0:
             raise ValueError("swap_every must be >= 1, lr and passes > 0")
-        self.base = heads
+        self.base = net
+        self._work: _Work = _LayerWork(net) if isinstance(net, Layer) else _HeadsWork(net)
         self.scope, self.budget, self.capacity, self.batch = scope, budget, capacity, batch
         self.lr, self.passes, self.swap_every, self.max_tenants = lr, passes, swap_every, tenants
         self.seed = seed
-        where = np.full(heads.vocab_size, -1, dtype=np.int32)
-        where[heads.ids] = np.arange(len(heads.ids), dtype=np.int32)
-        self._where = where  # target id -> index in the heads' vocabulary, or -1
         self._tenants: collections.OrderedDict[str | None, _Tenant] = collections.OrderedDict()
         self._seqs: dict[int, str | None] = {}  # live sequence -> its tenant's key
         self._states: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> state
@@ -141,14 +294,18 @@ class Adapter:
         self.loss: float | None = None  # moving average of the training loss
         self.error: str | None = None
 
+    @property
+    def kind(self) -> str:
+        """The drafter whose network it adapts: "heads" or "eagle"."""
+        return self._work.name
+
     # -- the engine's side (the scheduler thread) ----------------------------------------------
-    def observe(self, req: Request, position: int, hidden: np.ndarray | None) -> None:
-        """After a round of `req`: the target's hidden state at its cache's last position."""
+    def observe(self, req: Request, target: LM) -> None:
+        """After a round of `req`: keep the target's states it learns from."""
         with self._lock:
             if req.seq not in self._seqs:
                 self._seqs[req.seq] = None if self.scope == "global" else req.tenant
-            if hidden is not None:
-                self._states.setdefault(req.seq, {})[position] = np.asarray(hidden, np.float16)
+            self._work.observe(self._states.setdefault(req.seq, {}), target, req.seq)
 
     def finish(self, req: Request) -> None:
         """`req` ended: its states become examples (if it ended well) in its tenant's buffer."""
@@ -157,38 +314,29 @@ class Adapter:
             key = self._seqs.pop(req.seq, None)
         if req.finish_reason not in ("stop", "length") or not states:
             return
-        ctx = np.asarray(req.context)
-        n_heads = self.base.n_heads
-        pos = np.fromiter(states, dtype=np.int64)
-        labels = np.full((len(pos), n_heads), -1, dtype=np.int32)
-        for i in range(1, n_heads + 1):
-            at = pos + 1 + i
-            ok = at < len(ctx)
-            labels[ok, i - 1] = self._where[ctx[at[ok]]]
-        useful = (labels >= 0).any(axis=1)
-        if not useful.any():
+        example = self._work.example(states, np.asarray(req.context))
+        if example is None:
             return
-        hidden = np.stack(list(states.values()))[useful]
         with self._lock:
             tenant = self._tenants.get(key)
             if tenant is None:
-                replay = Replay(self.capacity, self.base.hidden_size, n_heads)
-                tenant = self._tenants[key] = _Tenant(replay)
+                tenant = self._tenants[key] = _Tenant(self._work.replay(self.capacity))
                 while len(self._tenants) > self.max_tenants:
                     self._tenants.popitem(last=False)
             self._tenants.move_to_end(key)
-            tenant.replay.add(hidden, labels[useful])
-            self.examples += int(useful.sum())
+            tenant.replay.add(*example)
+            labels = example[-1]  # [n, H] or [n]: a position with any label is learnt from
+            self.examples += int((labels >= 0).reshape(len(labels), -1).any(axis=1).sum())
         self._wake.set()
 
     # -- the drafter's side ------------------------------------------------------------------
-    def heads_for(self, seq: int) -> Heads:
-        """The heads to draft with for sequence `seq`: its tenant's adapted copy, or the
-        trained heads while it has none."""
+    def net_for(self, seq: int) -> Any:
+        """The network to draft with for sequence `seq`: its tenant's adapted copy, or the
+        trained one while it has none."""
         key = self._seqs.get(seq)
         tenant = self._tenants.get(key)
-        heads = None if tenant is None else tenant.heads
-        return self.base if heads is None else heads
+        net = None if tenant is None else tenant.net
+        return self.base if net is None else net
 
     # -- the training thread -----------------------------------------------------------------
     def start(self) -> None:
@@ -260,7 +408,7 @@ class Adapter:
             try:
                 self.step(tenant, rng)
             except Exception as exc:  # never into the server: stop adapting, keep serving
-                log.exception("adapting the heads failed; serving goes on without adapting")
+                log.exception("adapting the drafter failed; serving goes on without adapting")
                 self.error = f"{type(exc).__name__}: {exc}"
                 return
             busy = time.thread_time() - cpu
@@ -270,20 +418,15 @@ class Adapter:
         """One training step for `tenant` (the training thread's; tests call it directly)."""
         import torch
 
-        from specwise.distill import soft_loss
-
-        if tenant.heads is None:
-            tenant.heads = copy.deepcopy(self.base)
+        if tenant.net is None:
+            tenant.net = copy.deepcopy(self.base)
         if tenant.opt is None:
             tenant.opt = torch.optim.AdamW(
-                tenant.heads.module.parameters(), lr=self.lr, weight_decay=0.0
+                tenant.net.module.parameters(), lr=self.lr, weight_decay=0.0
             )
-        with self._lock:
-            hidden, labels = tenant.replay.sample(self.batch, rng)
-        target = torch.zeros(len(labels), self.base.n_heads, len(self.base.ids))
-        rows, heads = np.nonzero(labels >= 0)
-        target[rows, heads, labels[rows, heads]] = 1.0
-        loss = soft_loss(tenant.heads.module(torch.from_numpy(hidden).float()), target)
+        with self._lock:  # copies, or arrays nothing writes again
+            drawn, positions = self._work.draw(tenant.replay, self.batch, rng)
+        loss = self._work.loss(tenant.net, drawn)
         if loss is not None:  # every example drawn has a label (`finish`), but be safe
             tenant.opt.zero_grad()
             loss.backward()
@@ -295,7 +438,7 @@ class Adapter:
             self.steps += 1
             if tenant.unpublished >= self.swap_every:
                 self._swap(tenant)
-        tenant.drawn += len(labels)  # last: `busy` stays true until the step is done
+        tenant.drawn += positions  # last: `busy` stays true until the step is done
 
     # -- across restarts ----------------------------------------------------------------------
     def save(self, path: str | Path) -> int:
@@ -305,20 +448,21 @@ class Adapter:
 
         with self._lock:
             copies = [
-                {"tenant": key, "weights": t.heads.module.state_dict(), "steps": t.steps}
+                {"tenant": key, "weights": t.net.module.state_dict(), "steps": t.steps}
                 for key, t in self._tenants.items()
-                if t.heads is not None
+                if t.net is not None
             ]
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")
-        state = {"format": FORMAT, "heads": self._identity(), "scope": self.scope}
+        state = {"format": FORMAT, "kind": self.kind, "heads": self._identity()}
+        state["scope"] = self.scope
         torch.save({**state, "copies": copies}, tmp)
         tmp.replace(path)
         return len(copies)
 
     def load(self, path: str | Path) -> int:
-        """Take back the copies `save` wrote to `path` for these trained heads and this scope
+        """Take back the copies `save` wrote to `path` for this trained network and this scope
         (none where there is no file); the copies taken. ValueError naming the file where it
         holds none specwise can read."""
         import torch
@@ -329,23 +473,24 @@ class Adapter:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             ok = state["format"] == FORMAT and state["heads"] == self._identity()
-            ok = ok and state["scope"] == self.scope
+            ok = ok and state.get("kind", "heads") == self.kind and state["scope"] == self.scope
             copies = state["copies"] if ok else []
             tenants = []
             for c in copies[-self.max_tenants :]:
-                heads = copy.deepcopy(self.base)
-                heads.module.load_state_dict(c["weights"])
-                heads.publish()
-                tenant = _Tenant(Replay(self.capacity, self.base.hidden_size, self.base.n_heads))
-                tenant.heads, tenant.steps = heads, int(c["steps"])
+                net = copy.deepcopy(self.base)
+                net.module.load_state_dict(c["weights"])
+                net.publish()
+                tenant = _Tenant(self._work.replay(self.capacity))
+                tenant.net, tenant.steps = net, int(c["steps"])
                 tenants.append((c["tenant"], tenant))
         except Exception as exc:  # any unreadable file: one clear error
-            raise ValueError(f"{path} holds no adapted heads specwise can read ({exc})") from None
+            raise ValueError(f"{path} holds no adapted drafter specwise can read ({exc})") from None
         if not ok:
             log.warning(
-                "%s holds heads adapted from other trained heads or for another scope; "
-                "starting from the trained heads",
+                "%s holds a drafter adapted from another trained one or for another scope; "
+                "starting from the trained %s",
                 path,
+                self.kind,
             )
         with self._lock:
             for key, tenant in tenants:
@@ -353,7 +498,7 @@ class Adapter:
         return len(tenants)
 
     def _identity(self) -> str:
-        """Which trained heads the copies grew from."""
+        """Which trained network the copies grew from."""
         meta = self.base.meta
         return f"{meta.get('key', 'unsaved')}:{meta.get('trained', '')}:{len(self.base.ids)}"
 
@@ -365,7 +510,7 @@ class Adapter:
             self._swap(t)
 
     def _swap(self, tenant: _Tenant) -> None:
-        assert tenant.heads is not None
-        tenant.heads.publish()
+        assert tenant.net is not None
+        tenant.net.publish()
         tenant.unpublished = 0
         self.swaps += 1

@@ -227,8 +227,9 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
 
     _apply_pair(a)
     names = _drafter_names(a)
+    adapts = _adapted_drafter(a, names)
     options = _drafter_options(a, names)
-    adapter = _adapter(a, names, options)
+    adapter = _adapter(a, adapts, options)
     need_draft = any(n in DRAFT_MODEL for n in names)
     target, draft = _load_models(
         a,
@@ -256,21 +257,30 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     return engine
 
 
-def _adapter(a: argparse.Namespace, names: list[str], options: dict[str, dict]):
-    """The `Adapter` of serve --adapt (None when off), given to the heads drafter's options."""
+def _adapted_drafter(a: argparse.Namespace, names: list[str]) -> str | None:
+    """The drafter serve --adapt adapts (heads or eagle; None when off), or UsageError."""
     mode = getattr(a, "adapt", "off")  # only serve has --adapt
     if mode == "off":
         return None
-    if "heads" not in names:
+    learners = [n for n in ("heads", "eagle") if n in names]
+    if len(learners) != 1:
         raise UsageError(
-            f"--adapt {mode} adapts the heads drafter; name it in --drafter (e.g. --drafter "
-            f"heads, or --k auto --drafter ngram,suffix,heads)"
+            f"--adapt {mode} adapts one drafter on hidden states, heads or eagle; name "
+            f"{'one of them, not both,' if learners else 'it'} in --drafter (e.g. --drafter "
+            f"eagle, or --k auto --drafter ngram,suffix,heads)"
         )
+    return learners[0]
+
+
+def _adapter(a: argparse.Namespace, name: str | None, options: dict[str, dict]):
+    """The `Adapter` of serve --adapt for drafter `name` (None when off), given to its
+    options."""
+    if name is None:
+        return None
     from specwise.adapt import Adapter
 
-    adapter = Adapter(
-        options["heads"]["heads"], scope=mode, budget=a.adapt_budget, capacity=a.adapt_buffer
-    )
+    net = options[name]["heads" if name == "heads" else "layer"]
+    adapter = Adapter(net, scope=a.adapt, budget=a.adapt_budget, capacity=a.adapt_buffer)
     if a.adapt_cache:
         try:
             taken = adapter.load(a.adapt_cache)
@@ -278,17 +288,17 @@ def _adapter(a: argparse.Namespace, names: list[str], options: dict[str, dict]):
             raise UsageError(f"--adapt-cache: {exc}") from None
         if taken:
             print(
-                f"specwise: {taken} adapted {'copy' if taken == 1 else 'copies'} of the heads "
-                f"from {a.adapt_cache}",
+                f"specwise: {taken} adapted {'copy' if taken == 1 else 'copies'} of the "
+                f"{name} drafter from {a.adapt_cache}",
                 file=sys.stderr,
             )
-    options["heads"]["adapter"] = adapter
+    options[name]["adapter"] = adapter
     return adapter
 
 
 def _save_memory(a: argparse.Namespace, engine) -> None:
     """Write what the run learnt: the controller's averages (k auto) to $SPECWISE_HOME, the
-    suffix drafter's memory to --suffix-cache and the adapted heads to --adapt-cache if
+    suffix drafter's memory to --suffix-cache and the adapted drafter to --adapt-cache if
     given."""
     if engine.controller is not None:
         engine.controller.save()
@@ -408,12 +418,12 @@ def _bench_adapt(a: argparse.Namespace) -> int:
         raise UsageError(f"--budget {a.budget:g} is invalid; use a share of one core, 0 < x <= 1")
     if a.temperature < 0:
         raise UsageError(f"--temperature {a.temperature:g} is invalid; use >= 0")
-    heads = _trained(a, "heads")
+    net = _trained(a, a.drafter)
     target, _ = _load_models(a, need_draft=False, hidden=True)
     out = Path(a.out) if a.out else default_out("-adapt")
     lines = adapt.run(
         target,
-        heads,
+        net,
         out,
         requests=a.requests,
         k=a.k,
@@ -1157,12 +1167,18 @@ def build_parser() -> argparse.ArgumentParser:
     bv.add_argument("--out", help="output folder (default bench-results/<timestamp>-replay)")
     ba = bsub.add_parser(
         "adapt",
-        help="the heads drafter on requests it was not trained for, as trained and adapting "
-        "(serve --adapt), against plain decoding, request after request",
+        help="a drafter on hidden states on requests it was not trained for, as trained and "
+        "adapting (serve --adapt), against plain decoding, request after request",
     )
     _heads_target_args(ba)
+    ba.add_argument(
+        "--drafter",
+        choices=["heads", "eagle"],
+        default="heads",
+        help="the drafter that adapts: the heads, or the eagle layer (heads)",
+    )
     ba.add_argument("--requests", type=int, default=200, help="requests, each run three ways (200)")
-    ba.add_argument("--k", type=int, default=1, help="tokens the heads draft a round (1)")
+    ba.add_argument("--k", type=int, default=1, help="tokens drafted a round (1; eagle drafts 1)")
     ba.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
     ba.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
     ba.add_argument(
@@ -1372,9 +1388,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapt",
         choices=["off", "key", "global"],
         default="off",
-        help="keep training the heads drafter on the traffic served (online speculative "
-        "decoding), in a background thread: key: one adapted copy per API key, global: one "
-        "for all requests (default off)",
+        help="keep training the drafter on hidden states named in --drafter (heads or eagle) "
+        "on the traffic served (online speculative decoding), in a background thread: key: "
+        "one adapted copy per API key, global: one for all requests (default off)",
     )
     s.add_argument(
         "--adapt-budget",
@@ -1390,7 +1406,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--adapt-cache",
-        help="keep the adapted heads in this file across runs (read at start, written at exit)",
+        help="keep the adapted drafter in this file across runs (read at start, written at exit)",
     )
     s.set_defaults(func=cmd_serve)
 

@@ -13,7 +13,7 @@ One round (`Engine.step`) for every running request:
              rule of `lossy`, which then flags its every round);
 4. commit  — roll the target cache back to the committed tokens (keep the accepted path of a
              tree), tell the drafter, and cut the emission at EOS, a stop string or max_tokens;
-5. record  — one RoundTrace per request (and, to a learner, the target's hidden state).
+5. record  — one RoundTrace per request (and a learner shown the target's hidden states).
 
 With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
 when plain decoding is expected to be faster) and learns from the outcome; otherwise k is fixed.
@@ -114,9 +114,10 @@ class Engine:
 
     drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
     "auto" for the goodput `controller`, which k="auto" needs (`Controller.calibrated` reads
-    or measures this machine's costs); learner: shown the target's hidden state after every
-    round of every request and each finished request (`observe(req, position, hidden)`,
-    `finish(req)`: `specwise.adapt.Adapter`, which adapts drafting heads to the traffic).
+    or measures this machine's costs); learner: shown the target after every round of every
+    request, to read the hidden states it learns from, and each finished request
+    (`observe(req, target)`, `finish(req)`: `specwise.adapt.Adapter`, which adapts a drafter
+    on hidden states to the traffic).
     Constructing an Engine touches no disk and measures nothing."""
 
     def __init__(
@@ -653,8 +654,7 @@ class Engine:
         r.rounds.append(rt)
         r.clock = now
         if self.learner is not None:
-            seq = r.seq
-            self._tell_learner("observe", r, self.target.length(seq) - 1, self.target.hidden(seq))
+            self._tell_learner("observe", r, self.target)
         line: RoundTrace | dict = rt
         if r.inspect and logits is not None:
             n = p.emitted

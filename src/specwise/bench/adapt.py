@@ -1,13 +1,15 @@
-"""`specwise bench adapt`: how the heads drafter adapts to traffic it was not trained for.
+"""`specwise bench adapt`: how a drafter on hidden states (the heads, or with `--drafter eagle`
+the eagle layer) adapts to traffic it was not trained for.
 
 The workload is `distill.SHIFTED`: standard-library functions to rewrite in JavaScript, a way
 of asking that `heads train` never uses. Each prompt is decoded, one after the other, by three
 engines on the same target, interleaved so that the machine's drift falls on all three alike:
 
 - `plain`: no drafter, the baseline of every ratio;
-- `heads`: the trained heads at a fixed k, as trained;
-- `heads+adapt`: the same heads with an `Adapter` (global scope, the server's defaults) whose
-  training thread runs only while this engine decodes, so its CPU time is charged to it alone.
+- `heads` (or `eagle`): the trained network at a fixed k, as trained;
+- `heads+adapt` (`eagle+adapt`): the same with an `Adapter` (global scope, the server's
+  defaults) whose training thread runs only while this engine decodes, so its CPU time is
+  charged to it alone.
 
 Per request: tokens, time, continuation speed (tokens after the first over their time: the
 prompt's prefill, the same for all three, left out), proposed and accepted draft tokens, and
@@ -15,7 +17,7 @@ the speedup over plain on the same prompt; per window of `WINDOW` requests the a
 and the median speedup; and how often the outputs differ from plain (greedy: they must not,
 but at a near-tie, which a forward of two tokens may break otherwise than one of one token:
 `bench`'s divergence check, with its measured noise). After a warm-up of the plain and
-heads engines (not the adapting one, which learns from the run's requests alone). Written to
+trained engines (not the adapting one, which learns from the run's requests alone). Written to
 the output folder as requests.jsonl, report.md and by_request.png.
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 from specwise.adapt import Adapter
 from specwise.backends.base import LM
 from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
+from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.drafters.heads import Heads, HeadsDrafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
@@ -38,12 +41,15 @@ from specwise.sampling import SamplingParams
 __all__ = ["WINDOW", "run", "table"]
 
 WINDOW = 50  # requests per row of the report (the issue's first and last 50 of 200)
-CONFIGS = ("plain", "heads", "heads+adapt")
+
+
+def _configs(drafter: str) -> tuple[str, str, str]:
+    return ("plain", drafter, f"{drafter}+adapt")
 
 
 def run(
     target: LM,
-    heads: Heads,
+    net: Heads | Layer,
     out: Path,
     requests: int = 200,
     k: int = 1,
@@ -61,17 +67,19 @@ def run(
     prompts = corpus_prompts(limit=requests, seed=1, asks=SHIFTED)
     if len(prompts) < requests and progress is not None:
         progress(f"the standard library gave {len(prompts)} prompts, not {requests}")
-    adapter = Adapter(heads, scope="global", budget=budget)
+    adapter = Adapter(net, scope="global", budget=budget)
+    make = EagleDrafter if isinstance(net, Layer) else HeadsDrafter
+    plain, trained, adapting = _configs(adapter.kind)
     engines = {
-        "plain": Engine(target),
-        "heads": Engine(target, HeadsDrafter(heads), k=k),
-        "heads+adapt": Engine(target, HeadsDrafter(heads, adapter), k=k, learner=adapter),
+        plain: Engine(target),
+        trained: Engine(target, make(net), k=k),
+        adapting: Engine(target, make(net, adapter), k=k, learner=adapter),
     }
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     tok = target.tokenizer
     warm = tok.render_chat([{"role": "user", "content": "Write a function that adds two numbers."}])
-    for name in ("plain", "heads"):  # the adapting engine's copy must learn from the run alone
+    for name in (plain, trained):  # the adapting engine's copy must learn from the run alone
         engines[name].generate(warm, SamplingParams(max_tokens=8))
     greedy = temperature == 0
     noise = numeric_noise(target, warm) if greedy else None
@@ -85,7 +93,7 @@ def run(
                 params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=i)
                 got = {}
                 for name, engine in engines.items():
-                    if name == "heads+adapt":
+                    if name == adapting:
                         adapter.resume()
                     t = time.perf_counter()
                     res = engine.generate(ids, params)
@@ -124,6 +132,7 @@ def run(
     meta = {
         "model": Path(target.info.model).name,
         "backend": target.info.backend,
+        "drafter": adapter.kind,
         "k": k,
         "max_tokens": max_tokens,
         "temperature": temperature,
@@ -134,7 +143,7 @@ def run(
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     lines = table(rows, meta)
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(rows, out / "by_request.png", temperature)
+    _plot(rows, out / "by_request.png", temperature, _configs(adapter.kind))
     return lines
 
 
@@ -154,57 +163,61 @@ def _fmt(x: float | None, pattern: str) -> str:
 
 def table(rows: Sequence[dict], meta: dict) -> list[str]:
     """The report: per window of WINDOW requests, acceptance and median speedup over plain of
-    the heads as trained and adapting; then the last window's acceptance over the first's."""
+    the drafter as trained and adapting; then the last window's acceptance over the first's."""
     n = 1 + max((r["index"] for r in rows), default=-1)
+    configs = _configs(meta.get("drafter", "heads"))
+    _, d, da = configs
     lines = [
-        f"# bench adapt: {meta['model']} ({meta['backend']}), heads k={meta['k']}, "
+        f"# bench adapt: {meta['model']} ({meta['backend']}), {d} k={meta['k']}, "
         f"{meta['max_tokens']} tokens, T={meta['temperature']:g}, adaptation budget "
         f"{meta['budget']:g} of a core",
         "",
-        "| requests | acceptance, heads | acceptance, heads+adapt | speedup, heads | "
-        "speedup, heads+adapt | plain tok/s |",
+        f"| requests | acceptance, {d} | acceptance, {da} | speedup, {d} | "
+        f"speedup, {da} | plain tok/s |",
         "|---|---|---|---|---|---|",
     ]
     windows = [range(a, min(n, a + WINDOW)) for a in range(0, n, WINDOW)]
     rates = {}
     for w in windows:
-        by = {c: [r for r in rows if r["config"] == c and r["index"] in w] for c in CONFIGS}
-        rates[w.start] = {c: _rate(by[c]) for c in CONFIGS[1:]}
-        speed = {c: _median([r["speedup"] for r in by[c]]) for c in CONFIGS[1:]}
+        by = {c: [r for r in rows if r["config"] == c and r["index"] in w] for c in configs}
+        rates[w.start] = {c: _rate(by[c]) for c in configs[1:]}
+        speed = {c: _median([r["speedup"] for r in by[c]]) for c in configs[1:]}
         plain = _median([r["tokens_per_s"] for r in by["plain"]])
         lines.append(
-            f"| {w.start + 1}–{w.stop} | {_fmt(rates[w.start]['heads'], '{:.3f}')} | "
-            f"{_fmt(rates[w.start]['heads+adapt'], '{:.3f}')} | "
-            f"{_fmt(speed['heads'], '{:.2f}x')} | {_fmt(speed['heads+adapt'], '{:.2f}x')} | "
+            f"| {w.start + 1}–{w.stop} | {_fmt(rates[w.start][d], '{:.3f}')} | "
+            f"{_fmt(rates[w.start][da], '{:.3f}')} | "
+            f"{_fmt(speed[d], '{:.2f}x')} | {_fmt(speed[da], '{:.2f}x')} | "
             f"{_fmt(plain, '{:.1f}')} |"
         )
     lines.append("")
     if len(windows) > 1:
         first, last = rates[windows[0].start], rates[windows[-1].start]
-        for c in CONFIGS[1:]:
+        for c in configs[1:]:
             ratio = None if not first[c] or last[c] is None else last[c] / first[c]
             lines.append(
                 f"- {c}: acceptance over requests {windows[-1].start + 1}–{windows[-1].stop} is "
                 f"{_fmt(ratio, '{:.2f}')}x that over 1–{windows[0].stop}"
             )
-    differ = {c: [r for r in rows if r["config"] == c and not r["same_as_plain"]] for c in CONFIGS}
-    ties = {c: sum(bool(r.get("near_tie")) for r in differ[c]) for c in CONFIGS}
+    differ = {c: [r for r in rows if r["config"] == c and not r["same_as_plain"]] for c in configs}
+    ties = {c: sum(bool(r.get("near_tie")) for r in differ[c]) for c in configs}
     lines.append(
-        f"- outputs differing from plain: heads {len(differ['heads'])} ({ties['heads']} at a "
-        f"near-tie), heads+adapt {len(differ['heads+adapt'])} ({ties['heads+adapt']} at a "
+        f"- outputs differing from plain: {d} {len(differ[d])} ({ties[d]} at a "
+        f"near-tie), {da} {len(differ[da])} ({ties[da]} at a "
         f"near-tie) of {n}; {meta['steps']} training steps, {meta['swaps']} swaps, "
         f"{meta['examples']} positions learnt from"
     )
     return lines
 
 
-def _plot(rows: Sequence[dict], path: Path, temperature: float, span: int = 10) -> None:
+def _plot(
+    rows: Sequence[dict], path: Path, temperature: float, configs: Sequence[str], span: int = 10
+) -> None:
     """by_request.png: each configuration's acceptance and median speedup over the last
     `span` requests, against the request's place in the run."""
     from specwise.bench.plots import by_request
 
     series = {}
-    for c in CONFIGS[1:]:
+    for c in configs[1:]:
         mine = [r for r in rows if r["config"] == c]
         series[f"{c} ({span}-request window)"] = [
             {

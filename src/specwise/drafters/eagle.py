@@ -16,7 +16,8 @@ a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
 (`heads.draw`): q is a function of the context alone, so rejection sampling against it is exact.
 
 `Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`); training it
-is `specwise.distill`'s work. Torch is imported when a layer is built, never by importing this
+is `specwise.distill`'s work, adapting it to served traffic `specwise.adapt`'s (a request drafts
+to its end with the weights its first proposal found: its cache was filled by them). Torch is imported when a layer is built, never by importing this
 module.
 """
 
@@ -91,20 +92,22 @@ class Layer:
     def step(self, cache: Cache, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
         """Read n positions more (their states [n, hidden_size] and the tokens that followed
         them) into `cache`, and return the logits over `ids` [len(ids)] predicted at the last
-        one. Runs the int8 copy of the weights (`publish`)."""
+        one. Runs the int8 copy of the weights the cache was begun with (`new_cache`), so
+        weights published later (training) serve the caches begun after them."""
+        import torch
+
+        with torch.inference_mode():
+            h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
+            t = torch.from_numpy(self.index(tokens))
+            return cache.net.step(h, t, cache).numpy()
+
+    def new_cache(self) -> Cache:
+        """An empty cache for one sequence, bound to the int8 copy published now."""
         import torch
 
         if self._fast is None:
             self.publish()
-        with torch.inference_mode():
-            h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
-            t = torch.from_numpy(self.index(tokens))
-            return self._fast.step(h, t, cache).numpy()
-
-    def new_cache(self) -> Cache:
-        import torch
-
-        return Cache(torch.zeros(0, self.width), torch.zeros(0, self.width))
+        return Cache(self._fast, torch.zeros(0, self.width), torch.zeros(0, self.width))
 
     def publish(self) -> None:
         """The weights changed (training): copy them into the int8 copy that `step` runs
@@ -157,8 +160,9 @@ class Layer:
 @dataclass
 class Cache:
     """The layer's keys and values for one sequence: buffers [capacity, width] (torch tensors)
-    whose first n rows are filled."""
+    whose first n rows are filled, by `net` (the int8 copy of the weights that runs them)."""
 
+    net: Any
     keys: Any
     values: Any
     n: int = 0
@@ -261,13 +265,16 @@ def _int8_copy(module):
 @dataclass
 class _Seq:
     read: int  # the next position whose state the layer has not read
+    layer: Layer  # the trained layer, or the request's tenant's adapted copy
     cache: Cache
 
 
 @register("eagle")
 class EagleDrafter:
-    """EagleDrafter(layer): drafts one token a round with a trained `Layer` on the hidden states
-    of the target it is bound to (a target built with hidden states: `LM.hidden_size`)."""
+    """EagleDrafter(layer, adapter=None): drafts one token a round with a trained `Layer` on the
+    hidden states of the target it is bound to (a target built with hidden states:
+    `LM.hidden_size`); with an `adapter` (`specwise.adapt.Adapter`), with the copy it adapted
+    for the request's tenant, as published when the request's first proposal is made."""
 
     name = "eagle"
     # Not cheap: a proposal costs a few percent of a target step (memory-bound products), so
@@ -275,8 +282,9 @@ class EagleDrafter:
     cheap = False
     max_tokens = 1  # the depth it was trained for
 
-    def __init__(self, layer: Layer) -> None:
+    def __init__(self, layer: Layer, adapter: Any = None) -> None:
         self.layer = layer
+        self.adapter = adapter
         self.fingerprint = (
             f"eagle:{layer.meta.get('key', 'unsaved')}:{layer.meta.get('trained', '')}"
         )
@@ -302,17 +310,20 @@ class EagleDrafter:
     ) -> Draft:
         if k <= 0 or self._target is None:
             return Draft([], None)
-        s = self._seqs.setdefault(seq, _Seq(0, self.layer.new_cache()))
+        s = self._seqs.get(seq)
+        if s is None:
+            layer = self.layer if self.adapter is None else self.adapter.net_for(seq)
+            s = self._seqs[seq] = _Seq(0, layer, layer.new_cache())
         cached = len(context) - 1  # the target holds every committed token but the last
         states = self._target.hiddens(seq, s.read) if s.read < cached else None
         if states is None or len(states) == 0:  # nothing new, or not kept: no draft
             return Draft([], None)
         first = cached - len(states)
         if first != s.read and s.cache.n:  # positions lost: start again after them
-            s.cache = self.layer.new_cache()
-        logits = self.layer.step(s.cache, states, context[first + 1 : cached + 1])
+            s.cache = s.layer.new_cache()
+        logits = s.layer.step(s.cache, states, context[first + 1 : cached + 1])
         s.read = cached
-        x, q, c = draw(logits, self.layer.ids, self.layer.vocab_size, params, sampler)
+        x, q, c = draw(logits, s.layer.ids, s.layer.vocab_size, params, sampler)
         return Draft([x], None if q is None else q[None], [c])
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:

@@ -367,7 +367,7 @@ class HeadsDrafter:
         h = self._target.hidden(seq)
         if h is None:  # the target's last forward did not end where the context does
             return Draft([], None)
-        heads = self.heads if self.adapter is None else self.adapter.heads_for(seq)
+        heads = self.heads if self.adapter is None else self.adapter.net_for(seq)
         logits = heads.logits(h, min(k, heads.n_heads))  # [n, N]
         tokens: list[int] = []
         conf: list[float] = []
