@@ -17,8 +17,8 @@ a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
 
 `Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`); training it
 is `specwise.distill`'s work, adapting it to served traffic `specwise.adapt`'s (a request drafts
-to its end with the weights its first proposal found: its cache was filled by them). Torch is imported when a layer is built, never by importing this
-module.
+to its end with the weights its first proposal found: its cache was filled by them). Torch is
+imported when a layer is built, never by importing this module.
 """
 
 from __future__ import annotations
