@@ -152,32 +152,6 @@ def test_training_on_a_toy_target_learns_a_layer_that_is_accepted(tmp_path):
     assert res.summary.acceptance_rate > 0.6, res.summary.acceptance_rate
 
 
-def test_the_feature_term_draws_the_layers_features_to_the_targets_next_states(tmp_path):
-    """EAGLE's regression term (`feature_weight`): trained with it, the features the output
-    layer reads come nearer the target's state at the next position than trained without."""
-    import torch
-
-    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
-    target.tokenizer = ToyTokenizer(list("abcdef"))
-    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(20)]
-    distill.generate(target, prompts, seconds=60, folder=tmp_path, sequences=4, max_tokens=24)
-    data = distill.load_data(tmp_path)
-    ids = distill.choose_vocab(data, 6)
-    red, probs = distill._targets(data, ids, 6, 1)[1:]
-
-    def distance(weight: float) -> float:
-        layer = Layer(36, ids, 6, width=32, seed=0)
-        distill.train_layer(layer, data, seconds=1.0, lr=3e-3, feature_weight=weight)
-        runs = distill._runs(data, np.arange(len(data)))
-        h, t, y, _, nxt = distill._layer_batch(layer, data, runs, red, probs)
-        has = y.sum(dim=-1) > 0
-        with torch.no_grad():
-            f = layer.module.features(h, t)[has]
-        return float(torch.nn.functional.smooth_l1_loss(f, nxt[has]))
-
-    assert distance(1.0) < 0.5 * distance(0.0)  # 0.05 against 0.55 when written
-
-
 def test_data_written_before_tokens_were_recorded_reads_the_greedy_answers_tokens(tmp_path):
     hidden = np.zeros((4, 2), np.float16)
     ids = np.array([[5] * 16, [6] * 16, [7] * 16, [8] * 16], np.int32)

@@ -509,8 +509,7 @@ def _runs(data: Data, rows: np.ndarray) -> list[tuple[int, int]]:
 def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red, probs):
     """Padded training tensors for answers `runs`: states [B, L, d], token indices [B, L],
     label distributions [B, L, N] (the target's at the next position; all zero where there
-    is none), each label's target top id [B, L] (-1: none) and the target's state at the next
-    position [B, L, d]."""
+    is none) and each label's target top id [B, L] (-1: none)."""
     import torch
 
     width = max(e - a for a, e in runs) - 1
@@ -519,17 +518,15 @@ def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red,
     t = torch.full((len(runs), width), n, dtype=torch.long)
     y = torch.zeros(len(runs), width, n)
     top = torch.full((len(runs), width), -1, dtype=torch.long)
-    nxt = torch.zeros(len(runs), width, layer.hidden_size)
     for b, (a, e) in enumerate(runs):
         m = e - a - 1
         if m <= 0:
             continue
-        states = torch.from_numpy(data.hidden[a:e].astype(np.float32))
-        h[b, :m], nxt[b, :m] = states[:-1], states[1:]
+        h[b, :m] = torch.from_numpy(data.hidden[a : e - 1].astype(np.float32))
         t[b, :m] = torch.from_numpy(layer.index(data.tokens[a : e - 1]))
         y[b, :m] = _dense(red, probs, np.arange(a + 1, e), n)
         top[b, :m] = torch.from_numpy(data.top_ids[a + 1 : e, 0].astype(np.int64))
-    return h, t, y, top, nxt
+    return h, t, y, top
 
 
 def train_layer(
@@ -540,13 +537,9 @@ def train_layer(
     batch: int = 8,
     lr: float = 5e-4,
     seed: int = 0,
-    feature_weight: float = 0.0,
 ) -> dict:
     """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
-    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers.
-    The loss: soft cross-entropy against the target's next distribution, plus
-    `feature_weight` times the smooth-L1 distance of the layer's feature (what its output
-    layer reads) from the target's own next state (EAGLE's regression term)."""
+    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers."""
     import torch
 
     red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
@@ -556,21 +549,17 @@ def train_layer(
     def batches(rng):
         order = rng.permutation(len(fit_runs))
         for b in range(0, len(order), batch):
-            h, t, y, _, nxt = _layer_batch(
+            h, t, y, _ = _layer_batch(
                 layer, data, [fit_runs[i] for i in order[b : b + batch]], red, probs
             )
             has = y.sum(dim=-1) > 0
             if not bool(has.any()):
                 yield None
                 continue
-            f = layer.module.features(h, t)[has]
-            logp = torch.log_softmax(layer.module.out(f), dim=-1)
-            loss = -(y[has] * logp).sum() / int(has.sum())
-            if feature_weight:
-                loss = loss + feature_weight * torch.nn.functional.smooth_l1_loss(f, nxt[has])
-            yield loss
+            logp = torch.log_softmax(layer.module(h, t)[has], dim=-1)
+            yield -(y[has] * logp).sum() / int(has.sum())
 
-    key = {**_data_key(data, layer.ids), "feature_weight": feature_weight}
+    key = _data_key(data, layer.ids)
     epochs = _fit(layer.module, batches, seconds, checkpoint, key, lr, seed, "training the layer")
     layer.publish()
     return {
@@ -592,7 +581,7 @@ def evaluate_layer(layer: Layer, data: Data, rows: np.ndarray, red=None, probs=N
     right = scored = 0
     with torch.inference_mode():
         for b in range(0, len(runs), 8):
-            h, t, _, top, _ = _layer_batch(layer, data, runs[b : b + 8], red, probs)
+            h, t, _, top = _layer_batch(layer, data, runs[b : b + 8], red, probs)
             guess = torch.from_numpy(layer.ids)[layer.module(h, t).argmax(dim=-1)]
             right += int(((guess == top) & (top >= 0)).sum())
             scored += int((top >= 0).sum())

@@ -232,11 +232,8 @@ def _module_class():
             x = x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
             return h + self.back(x)
 
-        def features(self, h, t):  # training: [B, L, d], [B, L] -> features [B, L, d]
-            return self.block(h, t, lambda k, v: (k, v))
-
         def forward(self, h, t):  # training: [B, L, d], [B, L] -> logits [B, L, n_ids]
-            return self.out(self.features(h, t))
+            return self.out(self.block(h, t, lambda k, v: (k, v)))
 
         def step(self, h, t, cache):  # inference: [n, d], [n] after `cache` -> logits at the last
             return self.out(self.block(h, t, cache.extend)[-1:])[0]
