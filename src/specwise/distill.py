@@ -343,9 +343,10 @@ def _dense(red: np.ndarray, probs: np.ndarray, rows: np.ndarray, width: int):
 
 
 def soft_loss(logits, target):
-    """The heads' loss: mean cross-entropy of their logits [B, H, N] against label
-    distributions [B, H, N] (torch tensors) over the (row, head) pairs whose label has mass;
-    None where none has. (A one-hot label is a token the target emitted.)"""
+    """The networks' loss: mean cross-entropy of logits [B, H, N] against label distributions
+    [B, H, N] (torch tensors) over the (row, head) pairs whose label has mass, None where none
+    has; the layer's [B, L, N], over the (answer, position) pairs. (A one-hot label is a token
+    the target emitted.)"""
     import torch
 
     has = target.sum(dim=-1) > 0  # [B, H]
@@ -540,8 +541,6 @@ def train_layer(
 ) -> dict:
     """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
     resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers."""
-    import torch
-
     red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
     fit, held = _split(data)
     fit_runs = _runs(data, fit)
@@ -552,12 +551,7 @@ def train_layer(
             h, t, y, _ = _layer_batch(
                 layer, data, [fit_runs[i] for i in order[b : b + batch]], red, probs
             )
-            has = y.sum(dim=-1) > 0
-            if not bool(has.any()):
-                yield None
-                continue
-            logp = torch.log_softmax(layer.module(h, t)[has], dim=-1)
-            yield -(y[has] * logp).sum() / int(has.sum())
+            yield soft_loss(layer.module(h, t), y)
 
     key = _data_key(data, layer.ids)
     epochs = _fit(layer.module, batches, seconds, checkpoint, key, lr, seed, "training the layer")
