@@ -54,7 +54,7 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.eagle import Layer
-from specwise.drafters.heads import Heads
+from specwise.drafters.heads import Heads, vocab_index
 from specwise.request import Request
 
 __all__ = ["SCOPES", "Adapter", "Answers", "Replay"]
@@ -129,9 +129,7 @@ class _Work:
 
     def __init__(self, net: Any) -> None:
         self.net = net
-        where = np.full(net.vocab_size, -1, dtype=np.int32)
-        where[net.ids] = np.arange(len(net.ids), dtype=np.int32)
-        self.where = where  # target id -> index in the network's vocabulary, or -1
+        self.where = vocab_index(net.ids, net.vocab_size)  # target id -> index, or -1
 
 
 class _HeadsWork(_Work):

@@ -41,7 +41,7 @@ import numpy as np
 
 from specwise.backends.base import LM, new_sequence
 from specwise.drafters.eagle import Layer
-from specwise.drafters.heads import Heads, heads_path, model_key
+from specwise.drafters.heads import Heads, heads_path, model_key, vocab_index
 from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = [
@@ -308,8 +308,7 @@ def _targets(data: Data, ids: np.ndarray, vocab_size: int, n_heads: int):
     """For every position t and head i: the index of position t+i (or -1 past its sequence's
     end) and, per position, its kept distribution over the reduced vocabulary (dense rows are
     built per batch): (label position [n, H], reduced ids [n, TOP], probabilities [n, TOP])."""
-    where = np.full(vocab_size, -1, dtype=np.int64)
-    where[ids] = np.arange(len(ids))
+    where = vocab_index(ids, vocab_size)
     n = len(data)
     label = np.full((n, n_heads), -1, dtype=np.int64)
     for i in range(1, n_heads + 1):

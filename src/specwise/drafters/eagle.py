@@ -34,7 +34,14 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
-from specwise.drafters.heads import check_target, check_vocab, draw, load_state, save_state
+from specwise.drafters.heads import (
+    check_target,
+    check_vocab,
+    draw,
+    load_state,
+    save_state,
+    vocab_index,
+)
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = ["FORMAT", "EagleDrafter", "Layer"]
@@ -70,9 +77,7 @@ class Layer:
         self.hidden_size, self.vocab_size, self.width = hidden_size, vocab_size, width
         self.ids = ids
         self.meta = dict(meta or {})
-        where = np.full(vocab_size, len(ids), dtype=np.int64)  # the last index: any other id
-        where[ids] = np.arange(len(ids))
-        self._where = where
+        self._where = vocab_index(ids, vocab_size, missing=len(ids))  # the last: any other id
         torch.manual_seed(seed)
         self.module = _module_class()(hidden_size, width, len(ids))
         if unembedding is not None:

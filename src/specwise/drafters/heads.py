@@ -44,6 +44,7 @@ __all__ = [
     "load_state",
     "model_key",
     "save_state",
+    "vocab_index",
 ]
 
 FORMAT = 1  # the file's layout version
@@ -191,6 +192,14 @@ def check_vocab(
         raise ValueError(
             f"the unembedding has shape {unembedding.shape}, not {(len(ids), hidden_size)}"
         )
+
+
+def vocab_index(ids: np.ndarray, vocab_size: int, missing: int = -1) -> np.ndarray:
+    """The map from target ids [vocab_size] to their index in a reduced vocabulary `ids`,
+    `missing` for every id outside it."""
+    where = np.full(vocab_size, missing, dtype=np.int64)
+    where[ids] = np.arange(len(ids))
+    return where
 
 
 def save_state(path: str | Path, state: dict) -> None:
