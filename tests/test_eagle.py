@@ -13,8 +13,13 @@ from specwise.backends.base import HiddenLog
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.oracle import plain_decode
-from test_heads import SAMPLED, assert_emits_the_target_distribution
-from toy import ToyLM, ToyTokenizer, tiny_llama
+from test_heads import (
+    SAMPLED,
+    assert_emits_the_target_distribution,
+    assert_greedy_plain_and_accepted,
+    toy_training_data,
+)
+from toy import ToyLM, tiny_llama
 
 
 def _toy_layer(lm, seed: int = 0, width: int = 16) -> Layer:
@@ -135,21 +140,13 @@ def test_a_torch_target_keeps_every_state_through_a_rollback():
 def test_training_on_a_toy_target_learns_a_layer_that_is_accepted(tmp_path):
     """`specwise heads train --arch eagle` but the model: data with the tokens that followed,
     training, a held-out score; then the layer drafts and is accepted."""
-    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
-    target.tokenizer = ToyTokenizer(list("abcdef"))
-    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(60)]
-    distill.generate(target, prompts, seconds=60, folder=tmp_path, sequences=4, max_tokens=24)
-    data = distill.load_data(tmp_path)
+    target, data = toy_training_data(tmp_path)
     assert data.tokens.shape == (60 * 24,)
     assert (data.tokens[data.seq % 2 == 0] == data.top_ids[data.seq % 2 == 0, 0]).all()
     layer = Layer(36, distill.choose_vocab(data, 6), 6, width=32, seed=0)
     result = distill.train_layer(layer, data, seconds=8.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
     assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
-    greedy = SamplingParams(max_tokens=30)
-    prompt = [0, 3, 1, 4]
-    res = Engine(target, EagleDrafter(layer), k=1).generate(prompt, greedy)
-    assert res.tokens == plain_decode(target, prompt, greedy)
-    assert res.summary.acceptance_rate > 0.6, res.summary.acceptance_rate
+    assert_greedy_plain_and_accepted(Engine(target, EagleDrafter(layer), k=1), target)
 
 
 def test_data_written_before_tokens_were_recorded_reads_the_greedy_answers_tokens(tmp_path):
@@ -183,16 +180,3 @@ def test_eagle_refuses_a_target_without_hidden_states_or_of_another_shape(tmp_pa
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
         Layer.load(tmp_path / "bad.pt")
-
-
-def test_drafting_with_a_layer_never_trained_is_one_clear_error(
-    smollm2_path, tmp_path, monkeypatch, capsys
-):
-    from specwise.cli import main
-
-    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
-    argv = ["generate", "--target", str(smollm2_path), "--drafter", "eagle", "--k", "1", "hi"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "no drafting layer is trained for" in err and "--arch eagle" in err
-    assert "Traceback" not in err

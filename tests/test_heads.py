@@ -89,6 +89,25 @@ SAMPLED = [  # the settings a drafter on hidden states is checked under, every o
 ]
 
 
+def toy_training_data(folder):
+    """A toy target with hidden states and the self-distillation data it writes to `folder`
+    answering 60 prompts (24 tokens each, greedy and sampled in turn): (target, data)."""
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(60)]
+    distill.generate(target, prompts, seconds=60, folder=folder, sequences=4, max_tokens=24)
+    return target, distill.load_data(folder)
+
+
+def assert_greedy_plain_and_accepted(engine, target) -> None:
+    """A trained drafter, drafting greedily: plain decoding's tokens, most drafts accepted."""
+    greedy = SamplingParams(max_tokens=30)
+    prompt = [0, 3, 1, 4]
+    res = engine.generate(prompt, greedy)
+    assert res.tokens == plain_decode(target, prompt, greedy)
+    assert res.summary.acceptance_rate > 0.6, res.summary.acceptance_rate
+
+
 def assert_emits_the_target_distribution(engine, target, prompt, params, n: int = 3) -> None:
     """The engine's first n tokens are distributed exactly as the target's alone."""
     got = _emitted(engine, prompt, params, n)
@@ -154,11 +173,7 @@ def test_heads_file_round_trip_and_a_bad_file(tmp_path):
 def test_training_on_a_toy_target_learns_heads_that_are_accepted(tmp_path):
     """The whole path of `specwise heads train` but the model: generate data with the target,
     choose the vocabulary, train, score held-out; then the heads draft, and are accepted."""
-    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
-    target.tokenizer = ToyTokenizer(list("abcdef"))
-    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(60)]
-    distill.generate(target, prompts, seconds=60, folder=tmp_path, sequences=4, max_tokens=24)
-    data = distill.load_data(tmp_path)
+    target, data = toy_training_data(tmp_path)
     assert len(data) == 60 * 24 and data.hidden.shape[1] == 36
     ids = distill.choose_vocab(data, 6)
     heads = Heads(36, 2, ids, 6, seed=0)
@@ -169,11 +184,7 @@ def test_training_on_a_toy_target_learns_heads_that_are_accepted(tmp_path):
     other = Heads(36, 2, ids[::-1].copy(), 6, seed=0)  # another vocabulary: not resumed
     assert distill.train(other, data, seconds=0.0, checkpoint=tmp_path / "ckpt.pt")["epochs"] == 1
     assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
-    greedy = SamplingParams(max_tokens=30)
-    prompt = [0, 3, 1, 4]
-    res = Engine(target, HeadsDrafter(heads), k=2).generate(prompt, greedy)
-    assert res.tokens == plain_decode(target, prompt, greedy)
-    assert res.summary.acceptance_rate > 0.6, res.summary.acceptance_rate
+    assert_greedy_plain_and_accepted(Engine(target, HeadsDrafter(heads), k=2), target)
 
 
 def test_a_prompt_that_shares_a_bench_prompts_words_is_never_a_training_prompt(tmp_path):
@@ -225,16 +236,23 @@ def test_heads_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
     assert all(r.proposed <= 2 and (r.k_max or 0) <= 2 for r in heads_rounds)
 
 
-def test_drafting_with_heads_never_trained_is_one_clear_error(
-    smollm2_path, tmp_path, monkeypatch, capsys
+@pytest.mark.parametrize(
+    "drafter, words",
+    [
+        ("heads", ["no drafting heads are trained for", "specwise heads train"]),
+        ("eagle", ["no drafting layer is trained for", "--arch eagle"]),
+    ],
+)
+def test_drafting_with_a_network_never_trained_is_one_clear_error(
+    smollm2_path, tmp_path, monkeypatch, capsys, drafter, words
 ):
     from specwise.cli import main
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
-    argv = ["generate", "--target", str(smollm2_path), "--drafter", "heads", "--k", "1", "hi"]
+    argv = ["generate", "--target", str(smollm2_path), "--drafter", drafter, "--k", "1", "hi"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "no drafting heads are trained for" in err and "specwise heads train" in err
+    assert all(w in err for w in words), err
     assert "Traceback" not in err
 
 
