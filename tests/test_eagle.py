@@ -12,6 +12,7 @@ from specwise import Engine, SamplingParams, distill
 from specwise.backends.base import HiddenLog
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import EagleDrafter, Layer
+from specwise.drafters.heads import Heads
 from specwise.oracle import plain_decode
 from test_heads import (
     SAMPLED,
@@ -180,3 +181,47 @@ def test_eagle_refuses_a_target_without_hidden_states_or_of_another_shape(tmp_pa
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
         Layer.load(tmp_path / "bad.pt")
+
+
+def test_score_splits_the_held_out_answers_into_greedy_and_sampled(tmp_path):
+    _target, data = toy_training_data(tmp_path)
+    layer = Layer(36, distill.choose_vocab(data, 6), 6, width=16, seed=0)
+    got = distill.score(layer, data)
+    held = distill._split(data)[1]
+    assert got["all"] == distill.evaluate_layer(layer, data, held)
+    assert got["greedy"]["scored"] + got["sampled"]["scored"] == got["all"]["scored"] > 0
+    greedy = held[data.seq[held] % 2 == 0]
+    assert got["greedy"] == distill.evaluate_layer(layer, data, greedy)
+    heads = Heads(36, 2, distill.choose_vocab(data, 6), 6, seed=0)
+    assert distill.score(heads, data)["all"] == distill.evaluate(heads, data, held)
+
+
+def test_heads_score_prints_each_trained_network_held_out(
+    smollm2_path, tmp_path, monkeypatch, capsys
+):
+    """`specwise heads score`: the networks in the target's folder, scored on its data; a file
+    that is no network, a missing one, and no data are one sentence each."""
+    from specwise.cli import main
+    from specwise.drafters.heads import heads_path
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    argv = ["heads", "score", "--target", str(smollm2_path)]
+    assert main(argv) == 2
+    assert "no drafting heads or layer are trained" in capsys.readouterr().err
+    folder = heads_path(smollm2_path)
+    layer = Layer(36, [0, 1, 2, 3, 4, 5], 6, width=16, seed=0, meta={"positions": 7})
+    folder.mkdir(parents=True)
+    layer.save(folder / "eagle.pt")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds no self-distillation data" in err and "Traceback" not in err
+    toy_training_data(folder / "work")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"{folder / 'eagle.pt'}: trained on 7 positions; held out, its argmax" in out
+    assert "(greedy answers 0." in out and ", sampled 0." in out
+    (tmp_path / "bad.pt").write_bytes(b"no network")
+    for f, words in ((tmp_path / "bad.pt", "holds neither"), (tmp_path / "no.pt", "no such file")):
+        assert main([*argv, "--file", str(f)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1

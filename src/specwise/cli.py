@@ -1000,9 +1000,62 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def _heads_score(a: argparse.Namespace) -> int:
+    """`specwise heads score`: each trained network's held-out score on this machine's data."""
+    from specwise import distill
+    from specwise.backends import resolve_model
+    from specwise.drafters.eagle import Layer
+    from specwise.drafters.heads import Heads, heads_path
+
+    _apply_pair(a)
+    model = resolve_model(a.target)
+    folder = heads_path(model)
+    files = [Path(f) for f in a.file] or [
+        folder / name for name in distill.ARCHS.values() if (folder / name).exists()
+    ]
+    if not files:
+        raise UsageError(
+            f"no drafting heads or layer are trained for {model.name} here; train with "
+            f"`specwise heads train --target {a.target}`, or name a file with --file"
+        )
+    nets = []
+    for f in files:
+        if not f.is_file():
+            raise UsageError(f"--file {f}: no such file")
+        try:
+            nets.append(Heads.load(f))
+        except ValueError:
+            try:
+                nets.append(Layer.load(f))
+            except ValueError:
+                raise UsageError(
+                    f"{f} holds neither drafting heads nor a drafting layer specwise can read"
+                ) from None
+    try:
+        data = distill.load_data(folder / "work")
+    except ValueError as exc:
+        raise UsageError(f"{exc}; `specwise heads train --target {a.target}` makes it") from None
+
+    def share(r: dict) -> str:  # the first (head's) share, "—" where nothing was scored
+        return f"{r['alone'][0]:.3f}" if r["scored"] else "—"
+
+    for f, net in zip(files, nets, strict=True):
+        got = distill.score(net, data)
+        what = "its first head's" if isinstance(net, Heads) else "its"
+        print(
+            f"{f}: trained on {net.meta.get('positions', '?')} positions; held out, {what} "
+            f"argmax is the target's token {share(got['all'])} of the time over "
+            f"{got['all']['scored']} positions (greedy answers {share(got['greedy'])}, "
+            f"sampled {share(got['sampled'])})"
+        )
+    return 0
+
+
 def cmd_heads(a: argparse.Namespace) -> int:
     from specwise import distill
 
+    if a.heads_command == "score":
+        return _heads_score(a)
     if not a.minutes > 0 or a.heads < 1 or a.vocab < 16 or a.sequences < 1:
         raise UsageError(
             "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
@@ -1430,6 +1483,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--vocab", type=int, default=2048, help="tokens the heads can name, most frequent (2048)"
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
+    hs = hsub.add_parser(
+        "score",
+        help="how often trained networks' argmax is the target's token on the held-out tenth "
+        "of this machine's training data, greedy and sampled answers apart",
+    )
+    _heads_target_args(hs)
+    hs.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        help="a heads or layer file to score (repeatable; default: the trained heads.pt and "
+        "eagle.pt)",
+    )
     h.set_defaults(func=cmd_heads)
 
     i = sub.add_parser(

@@ -16,8 +16,9 @@ target, the reduced vocabulary, and the training loops.
 4. **Training** (`train`): head i at position t learns the target's distribution at t+i (the
    i-th token after the one h_t predicted), soft cross-entropy over the reduced vocabulary,
    AdamW, for the time left; the last tenth of the sequences is held out and scored
-   (`evaluate`: how often each head's argmax is the target's, alone and as a chain). A
-   checkpoint after each epoch lets a stopped run go on. The layer (`train_layer`) reads whole
+   (`evaluate`: how often each head's argmax is the target's, alone and as a chain; `score`:
+   a saved network's, greedy and sampled answers apart). A checkpoint after each epoch lets a
+   stopped run go on. The layer (`train_layer`) reads whole
    answers, h_t with token t+1 at every position, and learns the distribution at t+1 (the
    token after the next), scored the same way on the held-out answers (`evaluate_layer`).
 
@@ -579,6 +580,20 @@ def evaluate_layer(layer: Layer, data: Data, rows: np.ndarray, red=None, probs=N
             right += int(((guess == top) & (top >= 0)).sum())
             scored += int((top >= 0).sum())
     return {"alone": [round(right / max(1, scored), 4)], "scored": scored}
+
+
+def score(net: Heads | Layer, data: Data) -> dict[str, dict]:
+    """How often a trained network's argmax (the heads' first head's) is the target's token,
+    on the held-out answers (`_split`): over all of them, and over the greedy (even prompts)
+    and the sampled (odd) answers apart; each `evaluate`'s or `evaluate_layer`'s result."""
+    held = _split(data)[1]
+    kinds = {
+        "all": held,
+        "greedy": held[data.seq[held] % 2 == 0],
+        "sampled": held[data.seq[held] % 2 == 1],
+    }
+    judge = evaluate_layer if isinstance(net, Layer) else evaluate
+    return {kind: judge(net, data, rows) for kind, rows in kinds.items()}
 
 
 def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
