@@ -70,20 +70,22 @@ def test_replay_keeps_the_newest_examples():
 
 
 def test_a_finished_request_becomes_examples_labelled_with_the_tokens_after_each_state():
+    """Every position of the answer, from the prompt's last on, each state labelled with the
+    H tokens after the one it predicted (the last position with any such token included)."""
     _target, _heads, adapter, engine = _setup()
     prompt = [0, 3, 1, 4]
     res = engine.generate(prompt, SamplingParams(max_tokens=12))
     ctx = prompt + res.tokens
     replay = adapter._tenants[None].replay
-    assert replay.size == adapter.examples > 0
-    for h, lab in zip(replay.hidden[: replay.size], replay.labels[: replay.size], strict=True):
-        # the toy's state is the one-hot code of the last two tokens: it names its position
-        a, b = divmod(int(np.argmax(h)), 6)
-        p = next(
-            p for p in range(1, len(ctx)) if (ctx[p - 1], ctx[p]) == (a, b) and p >= len(prompt) - 1
-        )
-        want = [ctx[p + 1 + i] if p + 1 + i < len(ctx) else -1 for i in (1, 2)]
-        assert lab.tolist() == want
+    n = replay.size
+    assert n == adapter.examples > len(res.tokens) - 2
+    first = len(ctx) - 2 - n  # position len(ctx) - 2 predicted the last token: nothing after it
+    assert first <= len(prompt) - 1  # what the target kept: the toy keeps the prompt's states
+    for i, (h, lab) in enumerate(zip(replay.hidden[:n], replay.labels[:n], strict=True)):
+        p = first + i
+        if p:  # the toy's state is the one-hot code of the last two tokens: it names p
+            assert divmod(int(np.argmax(h)), 6) == (ctx[p - 1], ctx[p])
+        assert lab.tolist() == [ctx[p + 1 + j] if p + 1 + j < len(ctx) else -1 for j in (1, 2)]
     assert adapter._states == {} and adapter._seqs == {}  # nothing kept of the request
 
 

@@ -4,13 +4,14 @@ server serves (online speculative decoding, OSD: Liu et al., arXiv 2310.07177), 
 (`drafters.eagle`).
 
 What it learns from. The engine shows it the target after every round of every request
-(`observe`). For the heads it keeps the final hidden state h_p at the request's last cached
-position p, the state whose logits gave the token at p+1; when the request ends (`finish`)
-each kept state becomes one example whose labels are the tokens the target emitted at
-p+2 .. p+1+H (head i's answer, as an index into the heads' vocabulary; -1 where the token is
-outside it or past the end). For the layer it keeps the state of every position of the
-answer, and the answer becomes one example: the states, the token that followed each, and the
-token after that as its label (the layer reads the whole answer, `distill.train_layer`).
+(`observe`), and it keeps the final hidden state h_p of every position p of the answer, the
+state whose logits gave the token at p+1 (from the prompt's last position on: what a backend
+keeps of a sequence, `LM.hiddens`), as `distill` records for training. When the request ends
+(`finish`), for the heads each state becomes one example whose labels are the tokens the target
+emitted at p+2 .. p+1+H (head i's answer, as an index into the heads' vocabulary; -1 where the
+token is outside it or past the end); for the layer the answer becomes one example: the
+states, the token that followed each, and the token after that as its label (the layer reads
+the whole answer, `distill.train_layer`).
 Under greedy decoding the labels are the target's argmaxes; sampled, they are draws from the
 target, whose cross-entropy has the expectation (and the gradient) of the soft one that
 `distill` trains with. A failed or cancelled request teaches nothing. Examples go to a
@@ -131,25 +132,39 @@ class _Work:
         self.net = net
         self.where = vocab_index(net.ids, net.vocab_size)  # target id -> index, or -1
 
+    def observe(self, states: dict[int, np.ndarray], target: LM, seq: int) -> None:
+        """Keep the states of `seq`'s positions the target added since the last call."""
+        read = max(states) + 1 if states else 0
+        rows = target.hiddens(seq, read)
+        if rows is None:
+            return
+        first = target.length(seq) - len(rows)
+        for i, row in enumerate(rows):
+            states[first + i] = np.asarray(row, np.float16)
+
+    @staticmethod
+    def answer(states: dict[int, np.ndarray], ctx: np.ndarray) -> np.ndarray:
+        """The positions of the answer's kept states: their last run of consecutive positions,
+        each followed by a token in `ctx`."""
+        pos = np.array(sorted(states), dtype=np.int64)
+        gaps = np.flatnonzero(np.diff(pos) != 1)
+        pos = pos[gaps[-1] + 1 if len(gaps) else 0 :]
+        return pos[pos + 1 < len(ctx)]
+
 
 class _HeadsWork(_Work):
-    """What the heads learn from: one state a round, labelled with the H tokens after the one
-    it predicted (module docstring)."""
+    """What the heads learn from: every state of an answer, labelled with the H tokens after
+    the one it predicted (module docstring)."""
 
     name = "heads"
 
     def replay(self, capacity: int) -> Replay:
         return Replay(capacity, self.net.hidden_size, self.net.n_heads)
 
-    def observe(self, states: dict[int, np.ndarray], target: LM, seq: int) -> None:
-        hidden = target.hidden(seq)
-        if hidden is not None:
-            states[target.length(seq) - 1] = np.asarray(hidden, np.float16)
-
     def example(self, states: dict[int, np.ndarray], ctx: np.ndarray) -> tuple | None:
-        """(hidden [n, d], labels [n, H]) of a finished request's kept states, or None."""
+        """(hidden [n, d], labels [n, H]) of a finished request's answer, or None."""
         n_heads = self.net.n_heads
-        pos = np.fromiter(states, dtype=np.int64)
+        pos = self.answer(states, ctx)
         labels = np.full((len(pos), n_heads), -1, dtype=np.int32)
         for i in range(1, n_heads + 1):
             at = pos + 1 + i
@@ -158,7 +173,7 @@ class _HeadsWork(_Work):
         useful = (labels >= 0).any(axis=1)
         if not useful.any():
             return None
-        return np.stack(list(states.values()))[useful], labels[useful]
+        return np.stack([states[int(p)] for p in pos[useful]]), labels[useful]
 
     def draw(self, replay: Replay, batch: int, rng: np.random.Generator):
         """(`batch` examples drawn from `replay`, copies; the positions drawn)."""
@@ -186,22 +201,10 @@ class _LayerWork(_Work):
     def replay(self, capacity: int) -> Answers:
         return Answers(capacity)
 
-    def observe(self, states: dict[int, np.ndarray], target: LM, seq: int) -> None:
-        read = max(states) + 1 if states else 0
-        rows = target.hiddens(seq, read)
-        if rows is None:
-            return
-        first = target.length(seq) - len(rows)
-        for i, row in enumerate(rows):
-            states[first + i] = np.asarray(row, np.float16)
-
     def example(self, states: dict[int, np.ndarray], ctx: np.ndarray) -> tuple | None:
-        """(states [n, d], token indices [n], labels [n]) of a finished request's answer (its
-        last run of consecutive positions), or None."""
-        pos = np.array(sorted(states), dtype=np.int64)
-        gaps = np.flatnonzero(np.diff(pos) != 1)
-        pos = pos[gaps[-1] + 1 if len(gaps) else 0 :]
-        pos = pos[pos + 1 < len(ctx)]
+        """(states [n, d], token indices [n], labels [n]) of a finished request's answer, or
+        None."""
+        pos = self.answer(states, ctx)
         if len(pos) == 0:
             return None
         labels = np.full(len(pos), -1, dtype=np.int32)
