@@ -204,6 +204,26 @@ def test_a_prompt_that_shares_a_bench_prompts_words_is_never_a_training_prompt(t
     assert prompts and all("kept" in p or "square of x" in p for p in prompts)
 
 
+def test_training_prompts_name_other_languages_and_never_the_shifted_workloads(tmp_path):
+    """The target answers asks in the languages of LANGUAGES too; `bench adapt`'s workload asks
+    in a way and a language that training never does."""
+    body = '    """Return the {} power of x, computed the long way round for clarity."""\n'
+    (tmp_path / "m.py").write_text(
+        "".join(
+            f"def f{i}(x):\n" + body.format(i) + "    y = x\n    z = y * x\n    return z\n\n"
+            for i in range(60)
+        )
+    )
+    prompts = distill.corpus_prompts(limit=60, root=tmp_path)
+    named = {lang for lang in distill.LANGUAGES for p in prompts if f" {lang}" in p}
+    assert len(prompts) == 60 and len(named) >= 4
+    assert any("```python" in p for p in prompts)  # and Python's asks as before
+    shifted = distill.corpus_prompts(limit=60, root=tmp_path, seed=1, asks=distill.SHIFTED)
+    assert len(shifted) == 60 and not set(shifted) & set(prompts)
+    assert not any(lang in distill.SHIFTED[0] for lang in distill.LANGUAGES)
+    assert not set(distill.SHIFTED) & set(distill.ASKS)
+
+
 def test_vocab_is_the_most_frequent_top_tokens_and_labels_stay_in_their_sequence():
     data = distill.Data(
         hidden=np.zeros((6, 2), dtype=np.float16),

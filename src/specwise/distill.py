@@ -4,8 +4,9 @@ target, the reduced vocabulary, and the training loops.
 
 1. **Prompts** (`corpus_prompts`) come from text every Python install ships: the functions of
    the standard library that have docstrings, asked for in the ways the bench's categories ask
-   (write it from its description, explain it, edit it, summarize its documentation). No
-   shipped bench prompt is used: a prompt sharing any run of `SHINGLE` words with one is dropped.
+   (write it from its description, explain it, edit it, summarize its documentation; write it,
+   or translate it, in another language of `LANGUAGES`). No shipped bench prompt is used: a
+   prompt sharing any run of `SHINGLE` words with one is dropped.
 2. **Data** (`generate`): the target answers them, several sequences per forward, greedily and
    at temperature 0.7 in turn. At every generated position t it keeps the hidden state h_t
    that predicted token t+1, the target's top `TOP` probabilities there and the token t+1 it
@@ -47,6 +48,7 @@ from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = [
     "ASKS",
+    "LANGUAGES",
     "SHIFTED",
     "Data",
     "choose_vocab",
@@ -65,6 +67,9 @@ TOP = 16  # target probabilities kept per position
 ARCHS = {"heads": "heads.pt", "eagle": "eagle.pt"}  # what `run` trains -> its file's name
 SHINGLE = 8  # words in a run that marks a prompt as a bench prompt's
 SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
+# The languages other than Python that the asks below name (`{lang}`, one drawn per prompt):
+# the target writes the answers, so the data holds them although the corpus is Python.
+LANGUAGES = ("JavaScript", "TypeScript", "Go", "Rust", "Java", "C++")
 ASKS = (
     "Write a Python function `{name}{sig}` that does the following: {doc}\n"
     "Include type hints and a docstring.",
@@ -73,12 +78,14 @@ ASKS = (
     "hints:\n```python\n{src}\n```",
     "Write pytest unit tests for this function:\n```python\n{src}\n```",
     "Summarize this documentation in two or three sentences:\n\n{doc}",
+    "Write a {lang} function named `{name}` that does the following: {doc}",
+    "Translate this Python function to idiomatic {lang}:\n```python\n{src}\n```",
 )
-# A way of asking that `heads train` never uses: the workload on which `bench adapt` measures
-# how the heads adapt to traffic they were not trained for.
+# A way of asking that `heads train` never uses, in a language it never names: the workload on
+# which `bench adapt` measures how a drafter adapts to traffic it was not trained for.
 SHIFTED = (
-    "Rewrite this Python function in JavaScript, with the same behaviour and a JSDoc "
-    "comment:\n```python\n{src}\n```",
+    "Rewrite this Python function in Ruby, with the same behaviour and a comment that "
+    "documents it:\n```python\n{src}\n```",
 )
 
 
@@ -106,8 +113,8 @@ def corpus_prompts(
 ) -> list[str]:
     """Up to `limit` prompts about functions of the standard library at `root` (this
     interpreter's), each asked one of the ways of `asks` (format strings over the function's
-    name, sig, doc and src), shuffled by `seed`; none shares a run of SHINGLE words with a
-    bench prompt."""
+    name, sig, doc and src, and a `lang` of LANGUAGES), shuffled by `seed`; none shares a run
+    of SHINGLE words with a bench prompt."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
     files = sorted(
         p
@@ -133,7 +140,9 @@ def corpus_prompts(
                 continue
             sig = f"({ast.unparse(node.args)})"
             ask = asks[rng.randrange(len(asks))]
-            text = ask.format(name=node.name, sig=sig, doc=" ".join(doc.split()), src=src)
+            lang = LANGUAGES[rng.randrange(len(LANGUAGES))]
+            doc = " ".join(doc.split())
+            text = ask.format(name=node.name, sig=sig, doc=doc, src=src, lang=lang)
             if _shingles(text) & banned:
                 continue
             out.append(text)
