@@ -179,6 +179,8 @@ def test_report_arithmetic_on_hand_made_records():
     assert "all" in rep.figures and "speculate" in rec["text"]
     assert "ngram k=4" in rep.table() and "| ngram k=4 |" in rep.markdown()
     assert f["trees"] is None and "Tree drafts" not in rep.markdown()
+    assert "| a | 2.00x (0.75) |" in rep.markdown()  # by prompt: 500 ms against 1000, 60 of 80
+    assert "| b | 1.00x (0.25) |" in rep.markdown()
     tree = {**ROUND, "proposed": 6, "accepted": 2, "depth": 3}
     f = build(recs, [tree], {"command": "test"}).figures["code"]["T=0"]["ngram k=4"]
     assert f["trees"] == {"share": 1.0, "tokens": 6.0, "depth": 3.0, "accepted": 2.0}

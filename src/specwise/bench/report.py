@@ -340,6 +340,7 @@ class Report:
             ]
             out += [f"| {c} | {s_} | {spec} | {_pass_text(f)} |" for c, s_, spec, f in passed]
             out.append("")
+        out += _by_prompt_lines(self.requests)
         if self.lossy:
             out += [
                 "## Lossy acceptance rules: NOT the target's distribution",
@@ -570,6 +571,34 @@ def by_request(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
     for by_spec in out.values():
         for rows in by_spec.values():
             rows.sort(key=lambda row: row["index"])
+    return out
+
+
+def _by_prompt_lines(requests: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """`by_request` as a markdown table per sampling: a row per prompt, a cell per
+    configuration (speedup over plain, acceptance rate in brackets)."""
+    out: list[str] = []
+    for sampling, by_spec in requests.items():
+        specs = list(by_spec)
+        rows: dict[str, dict[str, dict]] = {}
+        for spec, recs in by_spec.items():
+            for r in recs:
+                rows.setdefault(r["prompt_id"], {})[spec] = r
+        out += [
+            f"## By prompt · {sampling}",
+            "",
+            "Speedup over plain decoding on the prompt (acceptance rate in brackets).",
+            "",
+            "| prompt | " + " | ".join(specs) + " |",
+            "|---" * (len(specs) + 1) + "|",
+        ]
+        for pid, cells in rows.items():
+            text = [
+                f"{_f(c['speedup'])}x ({_f(c['acceptance_rate'])})" if c else "-"
+                for c in (cells.get(spec) for spec in specs)
+            ]
+            out.append(f"| {pid} | " + " | ".join(text) + " |")
+        out.append("")
     return out
 
 
