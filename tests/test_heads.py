@@ -94,9 +94,13 @@ def toy_training_data(folder):
     answering 60 prompts (24 tokens each, greedy and sampled in turn): (target, data)."""
     target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
     target.tokenizer = ToyTokenizer(list("abcdef"))
-    prompts = ["".join("abcdef"[(i * j + j) % 6] for j in range(5)) for i in range(60)]
-    distill.generate(target, prompts, seconds=60, folder=folder, sequences=4, max_tokens=24)
+    distill.generate(target, toy_prompts(60), seconds=60, folder=folder, sequences=4, max_tokens=24)
     return target, distill.load_data(folder)
+
+
+def toy_prompts(n: int, salt: int = 0) -> list[str]:
+    """n distinct prompts over the toy's letters."""
+    return ["".join("abcdef"[(i * 7 + salt) // 6**j % 6] for j in range(5)) for i in range(n)]
 
 
 def assert_greedy_plain_and_accepted(engine, target) -> None:
@@ -222,6 +226,37 @@ def test_training_prompts_name_other_languages_and_never_the_shifted_workloads(t
     assert len(shifted) == 60 and not set(shifted) & set(prompts)
     assert not any(lang in distill.SHIFTED[0] for lang in distill.LANGUAGES)
     assert not set(distill.SHIFTED) & set(distill.ASKS)
+
+
+def test_generating_again_asks_only_what_was_never_asked_even_from_a_changed_list(
+    tmp_path, monkeypatch
+):
+    """The work folder knows its prompts by their text: a run on a changed list (new asks
+    first, the old ones reordered) asks each prompt once; a folder that counted its prompts
+    (`next`) resumes on the list as it did."""
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    asked: list[str] = []
+    render = target.tokenizer.render_chat
+    monkeypatch.setattr(
+        target.tokenizer, "render_chat", lambda m: asked.append(m[0]["content"]) or render(m)
+    )
+
+    def run(prompts, folder=tmp_path):
+        asked.clear()
+        distill.generate(target, prompts, 60, folder, sequences=4, max_tokens=6)
+        return list(asked)
+
+    first = toy_prompts(12)
+    assert run(first) == first
+    new = toy_prompts(5, salt=1)
+    assert run(new + first[::-1]) == new  # the old ones are not asked again
+    assert run(first + new) == []
+    assert len(distill.load_data(tmp_path)) == len(first + new) * 6  # one answer each
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "progress.json").write_text('{"next": 7, "seconds": 1.0}')
+    assert run(first, old) == first[7:]
 
 
 def test_vocab_is_the_most_frequent_top_tokens_and_labels_stay_in_their_sequence():

@@ -30,6 +30,7 @@ measures no speed; the bench does.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import sys
@@ -190,26 +191,30 @@ def generate(
     max_tokens: int = 192,
     progress: Callable[[str], None] | None = None,
 ) -> None:
-    """The target answers `prompts` in turn (continuing after those `folder`'s earlier calls
-    began), `sequences` at a time, until `seconds` have passed in this call; each finished
-    answer's positions go to a shard of `folder` (answers unfinished at the end are dropped).
-    A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones (seeded by
-    its index)."""
+    """The target answers `prompts` in turn, skipping those `folder`'s earlier calls asked
+    (known by their text, so a changed list resumes without asking a prompt twice), `sequences`
+    at a time, until `seconds` have passed in this call; each finished answer's positions go to
+    a shard of `folder` (answers unfinished at the end are dropped). A prompt's answer is greedy
+    for even prompts, at temperature 0.7 for odd ones (seeded by its index)."""
     from tqdm import tqdm
 
     folder.mkdir(parents=True, exist_ok=True)
     state_path = folder / "progress.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"next": 0}
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+    asked = state.get("asked") or [_digest(p) for p in prompts[: state.get("next", 0)]]
+    # (a folder written before prompts were known by their text counted them on this list)
+    done = set(asked)
+    todo = [i for i, p in enumerate(prompts) if _digest(p) not in done]
     tok = target.tokenizer
     if tok is None:
         raise ValueError("training heads needs the target's tokenizer (its chat template)")
     start = time.perf_counter()
-    next_prompt = state["next"]
     live: dict[int, dict] = {}  # seq -> its prompt index, rng, tokens and records
     pending: list[dict] = []
     bar = tqdm(total=int(seconds), desc="self-distillation data", unit="s", file=sys.stderr)
 
     def begin(i: int) -> None:
+        asked.append(_digest(prompts[i]))  # asked, even if its answer is left unfinished
         seq = new_sequence(target)
         ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
         row = target.forward([(seq, ids)], last_only=True)[0][-1]
@@ -230,10 +235,9 @@ def generate(
             pending.append(live.pop(seq))
 
     try:
-        while time.perf_counter() - start < seconds and (live or next_prompt < len(prompts)):
-            while len(live) < sequences and next_prompt < len(prompts):
-                begin(next_prompt)
-                next_prompt += 1
+        while time.perf_counter() - start < seconds and (live or todo):
+            while len(live) < sequences and todo:
+                begin(todo.pop(0))
             if live:
                 seqs = list(live)
                 rows = target.forward([(q, [live[q]["next"]]) for q in seqs])
@@ -250,11 +254,14 @@ def generate(
             target.release(q)
         bar.close()
     _write_shard(folder, pending)
-    state["next"] = next_prompt  # answers left unfinished are dropped, never asked twice
-    state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - start
-    state_path.write_text(json.dumps(state))
+    state = {"asked": asked, "seconds": state.get("seconds", 0.0) + time.perf_counter() - start}
+    state_path.write_text(json.dumps(state))  # answers left unfinished are dropped, not asked again
     if progress:
-        progress(f"{len(load_data(folder))} positions from {state['next']} prompts")
+        progress(f"{len(load_data(folder))} positions from {len(asked)} prompts")
+
+
+def _digest(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
 
 
 def _write_shard(folder: Path, answers: list[dict]) -> None:
