@@ -2,8 +2,9 @@
 the eagle layer) adapts to traffic it was not trained for.
 
 The workload is `distill.SHIFTED`: standard-library functions to rewrite in Ruby, a way of
-asking, and a language, that `heads train` never uses. Each prompt is decoded, one after the other, by three
-engines on the same target, interleaved so that the machine's drift falls on all three alike:
+asking, and a language, that `heads train` never uses. Each prompt is decoded, one after the
+other, by three engines on the same target, interleaved so that the machine's drift falls on
+all three alike:
 
 - `plain`: no drafter, the baseline of every ratio;
 - `heads` (or `eagle`): the trained network at a fixed k, as trained;
