@@ -241,6 +241,67 @@ def test_without_traffic_the_thread_does_no_work():
         adapter.close()
 
 
+def test_the_engine_tells_the_adapter_when_no_request_is_in():
+    """Idle from `finish` of the last request to `begin` of the next, a failed prefill
+    included: what the training thread's budgets follow."""
+    target, _heads, adapter, engine = _setup()
+    assert adapter._idle.is_set()
+    a = engine.start([0, 3, 1, 4], SamplingParams(max_tokens=6))
+    b = engine.admit([2, 2, 1], SamplingParams(max_tokens=6))
+    assert not adapter._idle.is_set()
+    engine.finish(a)
+    assert not adapter._idle.is_set()  # b is in
+    target.forward = lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("the forward failed"))
+    with pytest.raises(RuntimeError):
+        engine.prefill(b)
+    assert adapter._idle.is_set() and adapter._live == set()
+
+
+def test_with_no_budget_while_serving_the_thread_learns_only_while_idle():
+    _target, _heads, adapter, engine = _setup(budget=0.0, passes=2)
+    engine.generate([0, 3, 1, 4], SamplingParams(max_tokens=20))  # examples to learn from
+    req = engine.start([2, 2, 1], SamplingParams(max_tokens=8))  # a request in
+    adapter.start()
+    try:
+        time.sleep(0.3)
+        assert adapter.steps == 0 and adapter.busy()
+        while not req.done:
+            engine.step([req])
+        engine.finish(req)
+        _wait(adapter)
+        assert adapter.steps > 0 and adapter.idle_steps == adapter.steps
+    finally:
+        adapter.close()
+
+
+def test_pause_returns_once_the_step_in_progress_has_ended():
+    """A benchmark pauses the thread before it times another engine: no step may run on."""
+    import threading
+
+    _target, _heads, adapter, engine = _setup(budget=1.0)
+    began, ended = threading.Event(), []
+    train = adapter.step
+
+    def slow_step(tenant, rng):
+        began.set()
+        time.sleep(0.2)
+        train(tenant, rng)
+        ended.append(True)
+
+    adapter.step = slow_step
+    engine.generate([0, 3, 1, 4], SamplingParams(max_tokens=20))
+    adapter.start()
+    try:
+        assert began.wait(10)
+        adapter.pause()
+        assert ended  # the step had ended when pause returned
+        steps = adapter.steps
+        time.sleep(0.3)
+        assert adapter.steps == steps  # and no other began
+    finally:
+        adapter.close()
+
+
 def test_per_key_adaptation_keeps_tenants_apart_and_drops_the_least_recent():
     _target, heads, adapter, engine = _setup(scope="key", budget=1.0, tenants=2)
     greedy = SamplingParams(max_tokens=16)
@@ -270,6 +331,9 @@ def test_global_scope_shares_one_copy_across_tenants():
 
 def test_a_learner_that_fails_is_dropped_and_the_request_goes_on(caplog):
     class Broken:
+        def begin(self, req):
+            pass
+
         def observe(self, *args):
             raise RuntimeError("boom")
 
@@ -285,8 +349,9 @@ def test_a_learner_that_fails_is_dropped_and_the_request_goes_on(caplog):
     "kw, words",
     [
         ({"scope": "tenant"}, "scope 'tenant' is invalid"),
-        ({"budget": 0.0}, "budget of 0 is invalid"),
+        ({"budget": -0.1}, "budget of -0.1 is invalid"),
         ({"budget": 1.5}, "budget of 1.5 is invalid"),
+        ({"idle_budget": 0.0}, "idle adaptation budget of 0 is invalid"),
         ({"capacity": 0}, "capacity of 0 is invalid"),
     ],
 )
@@ -354,11 +419,17 @@ def test_bench_adapt_reports_windows_and_the_last_over_the_first(d):
                     "same_as_plain": not (c == d and i in (7, 8)),
                     "near_tie": i == 7,
                 }
+                | ({"think_s": 0.5 if i else 2.0} if c.endswith("+adapt") else {})
             )
     meta = {"model": "m", "backend": "b", "k": 1, "max_tokens": 8, "temperature": 0.0}
     meta |= {"drafter": d} if d != "heads" else {}  # a run before --drafter: the heads
     meta |= {"budget": 0.1, "steps": 5, "swaps": 1, "examples": 99}
+    assert "requests back to back" in table(rows, meta)[0]  # a run before think time
+    meta |= {"idle_budget": 1.0, "think": 5.0, "idle_steps": 3}
     text = "\n".join(table(rows, meta))
+    assert "0.1 of a core while a request decodes, 1 in up to 5 s of think time" in text
+    assert "5 training steps (3 in think time), 1 swaps" in text
+    assert "used after a request: median 0.50 s, at most 2.00 s (of 5 s)" in text
     assert "| 1–50 | 0.200 | 0.200 | 1.20x | 1.20x | 20.0 |" in text
     assert "| 51–100 | 0.200 | 0.600 | 1.20x | 1.60x | 20.0 |" in text
     assert f"{d} k=1" in text and f"| acceptance, {d} | acceptance, {d}+adapt |" in text
@@ -376,5 +447,6 @@ def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(smollm2_pa
     lines = adapt.run(target, layer, tmp_path, requests=2, max_tokens=6, budget=1.0)
     rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert [r["config"] for r in rows] == ["plain", "eagle", "eagle+adapt"] * 2
+    assert rows[2]["think_s"] > 0 and rows[2]["adapt_idle_steps"] > 0  # it learnt between them
     assert all(r["same_as_plain"] or r["near_tie"] for r in rows)
     assert "eagle k=1" in lines[0] and (tmp_path / "by_request.png").exists()

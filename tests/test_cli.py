@@ -119,7 +119,8 @@ def test_bad_input_is_one_sentence(smollm2_path, capsys, args, message):
         (["--streams-per-key", "-2"], "--streams-per-key -2 is invalid"),
         (["--max-body-mb", "0"], "--max-body-mb 0 is invalid"),
         (["--max-batch", "0"], "--max-batch 0 is invalid"),
-        (["--adapt-budget", "0"], "--adapt-budget 0 is invalid"),
+        (["--adapt-budget", "-1"], "--adapt-budget -1 is invalid"),
+        (["--adapt-idle-budget", "0"], "--adapt-idle-budget 0 is invalid"),
         (["--adapt-buffer", "0"], "--adapt-buffer 0 is invalid"),
         (["--adapt", "key", "--k", "4", "--drafter", "ngram"], "adapts one drafter on hidden"),
         (["--adapt", "global", "--k", "auto", "--drafter", "heads,eagle"], "not both"),
@@ -151,5 +152,19 @@ def test_prompt_longer_than_context(smollm2_path, capsys):
 )
 def test_bad_load_options_are_one_sentence_before_any_request(capsys, args, message):
     assert main(["bench", "load", "--url", "http://127.0.0.1:9", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budget", "-0.5"], "--budget -0.5 is invalid"),
+        (["--idle-budget", "0"], "--idle-budget 0 is invalid"),
+        (["--think", "-1"], "--think -1 is invalid"),
+    ],
+)
+def test_bad_bench_adapt_options_are_one_sentence_before_any_model_loads(capsys, args, message):
+    assert main(["bench", "adapt", "--target", "/no/such/model.gguf", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -20,9 +20,14 @@ answers holding at most `capacity` positions).
 
 How. One background thread, with one torch thread, never the scheduler's: AdamW steps on
 `batch` positions drawn from a buffer (for the layer: whole answers, until they hold `batch`
-positions), each step followed by a sleep that keeps the thread's CPU time within `budget` of
-one core. It trains while a buffer's positions have been drawn fewer than `passes` times on
-average, so without traffic it does no work. Every `swap_every` steps, and when it runs out
+positions), each step followed by a rest that keeps the thread's CPU time within a share of
+one core: `idle_budget` while no request is in the engine (from `begin` to `finish`), `budget`
+while one is (0: no step then); a request admitted during a step shares the CPU with the rest
+of that step only. Training while the target decodes is dear on a CPU: the target's forward
+spreads over every core, so a core the thread takes stalls the forward more than its share;
+the idle time between a user's requests costs nothing to use. It trains while a buffer's
+positions have been drawn fewer than `passes` times on average, so without traffic it does no
+work. Every `swap_every` steps, and when it runs out
 of work, the new weights go to the network the drafter reads (`publish`: one reference
 assignment, so a round drafts with the old weights or the new, never a mix; the layer keeps
 the weights a request began with to its end, since its cache was filled by them). A training
@@ -250,16 +255,18 @@ class _Tenant:
 
 
 class Adapter:
-    """Adapter(net, scope="global", budget=0.1, ...): adapts copies of a trained network, the
-    `Heads` or an eagle `Layer`, to the requests an engine serves (module docstring). Give it
-    to the engine as its `learner` and to the drafter as its `adapter`; `start` the training
-    thread, `close` it at the end. Building one starts no thread and copies no weights."""
+    """Adapter(net, scope="global", budget=0.1, idle_budget=1.0, ...): adapts copies of a
+    trained network, the `Heads` or an eagle `Layer`, to the requests an engine serves (module
+    docstring). Give it to the engine as its `learner` and to the drafter as its `adapter`;
+    `start` the training thread, `close` it at the end. Building one starts no thread and
+    copies no weights."""
 
     def __init__(
         self,
         net: Heads | Layer,
         scope: str = "global",
         budget: float = 0.1,
+        idle_budget: float = 1.0,
         capacity: int = 8192,
         batch: int = 128,
         lr: float = 1e-3,
@@ -270,8 +277,16 @@ class Adapter:
     ) -> None:
         if scope not in SCOPES:
             raise ValueError(f"the adaptation scope {scope!r} is invalid; use one of {SCOPES}")
-        if not 0 < budget <= 1:
-            raise ValueError(f"an adaptation budget of {budget:g} is invalid; use 0 < budget <= 1")
+        if not 0 <= budget <= 1:
+            raise ValueError(
+                f"an adaptation budget of {budget:g} is invalid; use a share of one core, "
+                "0 <= budget <= 1 (0: train only while no request is in)"
+            )
+        if not 0 < idle_budget <= 1:
+            raise ValueError(
+                f"an idle adaptation budget of {idle_budget:g} is invalid; use a share of one "
+                "core, 0 < budget <= 1"
+            )
         for name, value in (("capacity", capacity), ("batch", batch), ("tenants", tenants)):
             if value < 1:
                 raise ValueError(f"an adaptation {name} of {value} is invalid; use >= 1")
@@ -280,18 +295,24 @@ class Adapter:
         self.base = net
         self._work: _Work = _LayerWork(net) if isinstance(net, Layer) else _HeadsWork(net)
         self.scope, self.budget, self.capacity, self.batch = scope, budget, capacity, batch
+        self.idle_budget = idle_budget
         self.lr, self.passes, self.swap_every, self.max_tenants = lr, passes, swap_every, tenants
         self.seed = seed
         self._tenants: collections.OrderedDict[str | None, _Tenant] = collections.OrderedDict()
         self._seqs: dict[int, str | None] = {}  # live sequence -> its tenant's key
+        self._live: set[int] = set()  # sequences begun and not finished
         self._states: dict[int, dict[int, np.ndarray]] = {}  # sequence -> position -> state
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._go = threading.Event()  # cleared: paused
         self._go.set()
+        self._idle = threading.Event()  # set: no request in the engine
+        self._idle.set()
+        self._stepping = threading.Lock()  # held by the thread during a step
         self._thread: threading.Thread | None = None
         self.steps = self.swaps = self.examples = 0  # totals, for /metrics
+        self.idle_steps = 0  # of `steps`, those taken while no request was in
         self.loss: float | None = None  # moving average of the training loss
         self.error: str | None = None
 
@@ -301,9 +322,18 @@ class Adapter:
         return self._work.name
 
     # -- the engine's side (the scheduler thread) ----------------------------------------------
+    def begin(self, req: Request) -> None:
+        """`req` was admitted: the engine is no longer idle until every request has finished."""
+        with self._lock:
+            self._live.add(req.seq)
+            self._idle.clear()
+
     def observe(self, req: Request, target: LM) -> None:
         """After a round of `req`: keep the target's states it learns from."""
         with self._lock:
+            if req.seq not in self._live:  # a caller that skipped `begin`
+                self._live.add(req.seq)
+                self._idle.clear()
             if req.seq not in self._seqs:
                 self._seqs[req.seq] = None if self.scope == "global" else req.tenant
             self._work.observe(self._states.setdefault(req.seq, {}), target, req.seq)
@@ -313,6 +343,9 @@ class Adapter:
         with self._lock:
             states = self._states.pop(req.seq, {})
             key = self._seqs.pop(req.seq, None)
+            self._live.discard(req.seq)
+            if not self._live:
+                self._idle.set()
         if req.finish_reason not in ("stop", "length") or not states:
             return
         example = self._work.example(states, np.asarray(req.context))
@@ -351,13 +384,16 @@ class Adapter:
         self._stop.set()
         self._wake.set()
         self._go.set()
+        self._idle.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def pause(self) -> None:
-        """Hold the training thread after its step in progress (a benchmark charges its CPU
-        time to the engine that adapts, and to no other)."""
+        """Hold the training thread; returns once its step in progress, if any, has ended (a
+        benchmark charges its CPU time to the engine that adapts, and to no other)."""
         self._go.clear()
+        with self._stepping:
+            pass
 
     def resume(self) -> None:
         self._go.set()
@@ -368,6 +404,7 @@ class Adapter:
             tenants = len(self._tenants)
         return {
             "steps": self.steps,
+            "idle_steps": self.idle_steps,
             "swaps": self.swaps,
             "examples": self.examples,
             "held": held,
@@ -399,21 +436,29 @@ class Adapter:
         rng = np.random.default_rng(self.seed)
         while not self._stop.is_set():
             self._go.wait()
+            if self.budget == 0:
+                self._idle.wait()  # no step while a request is in
             tenant = self._due()
             if tenant is None:
                 self._publish()
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            cpu = time.thread_time()
-            try:
-                self.step(tenant, rng)
-            except Exception as exc:  # never into the server: stop adapting, keep serving
-                log.exception("adapting the drafter failed; serving goes on without adapting")
-                self.error = f"{type(exc).__name__}: {exc}"
-                return
-            busy = time.thread_time() - cpu
-            self._stop.wait(busy * (1.0 / self.budget - 1.0))
+            with self._stepping:
+                idle = self._idle.is_set()
+                if not self._go.is_set() or not (idle or self.budget):  # paused, or a request
+                    continue  # came in since the waits above
+                cpu = time.thread_time()
+                try:
+                    self.step(tenant, rng)
+                except Exception as exc:  # never into the server: stop adapting, keep serving
+                    log.exception("adapting the drafter failed; serving goes on without adapting")
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    return
+                busy = time.thread_time() - cpu
+                self.idle_steps += idle
+            rest = busy * (1.0 / (self.idle_budget if idle else self.budget) - 1.0)
+            (self._stop if idle else self._idle).wait(rest)  # going idle ends a rest early
 
     def step(self, tenant: _Tenant, rng: np.random.Generator) -> None:
         """One training step for `tenant` (the training thread's; tests call it directly)."""

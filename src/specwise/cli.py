@@ -280,7 +280,13 @@ def _adapter(a: argparse.Namespace, name: str | None, options: dict[str, dict]):
     from specwise.adapt import Adapter
 
     net = options[name]["heads" if name == "heads" else "layer"]
-    adapter = Adapter(net, scope=a.adapt, budget=a.adapt_budget, capacity=a.adapt_buffer)
+    adapter = Adapter(
+        net,
+        scope=a.adapt,
+        budget=a.adapt_budget,
+        idle_budget=a.adapt_idle_budget,
+        capacity=a.adapt_buffer,
+    )
     if a.adapt_cache:
         try:
             taken = adapter.load(a.adapt_cache)
@@ -408,14 +414,27 @@ def _bench_load(a: argparse.Namespace) -> int:
     return 0 if all(c["ok"] for c in result["checks"]) else 1
 
 
+def _check_budgets(serving: tuple[str, float], idle: tuple[str, float]) -> None:
+    """The adaptation's shares of one core, while requests are in and while none is, or
+    UsageError naming the flag."""
+    (flag, x), (idle_flag, y) = serving, idle
+    if not 0 <= x <= 1:
+        raise UsageError(
+            f"{flag} {x:g} is invalid; use a share of one core, 0 <= x <= 1 (0: only while idle)"
+        )
+    if not 0 < y <= 1:
+        raise UsageError(f"{idle_flag} {y:g} is invalid; use a share of one core, 0 < x <= 1")
+
+
 def _bench_adapt(a: argparse.Namespace) -> int:
     from specwise.bench import adapt
     from specwise.bench.session import default_out
 
     if a.requests < 1 or not 1 <= a.k <= 8 or a.max_tokens < 1:
         raise UsageError("--requests and --max-tokens need integers >= 1, --k an integer 1..8")
-    if not 0 < a.budget <= 1:
-        raise UsageError(f"--budget {a.budget:g} is invalid; use a share of one core, 0 < x <= 1")
+    _check_budgets(("--budget", a.budget), ("--idle-budget", a.idle_budget))
+    if a.think < 0:
+        raise UsageError(f"--think {a.think:g} is invalid; use seconds >= 0")
     if a.temperature < 0:
         raise UsageError(f"--temperature {a.temperature:g} is invalid; use >= 0")
     net = _trained(a, a.drafter)
@@ -430,6 +449,8 @@ def _bench_adapt(a: argparse.Namespace) -> int:
         max_tokens=a.max_tokens,
         temperature=a.temperature,
         budget=a.budget,
+        idle_budget=a.idle_budget,
+        think=a.think,
         progress=lambda s: print(f"specwise: {s}", file=sys.stderr),
     )
     print("\n".join(lines))
@@ -911,10 +932,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             raise UsageError(f"{name} {getattr(a, flag)} is invalid; use an integer >= 0")
     if not a.max_body_mb > 0:
         raise UsageError(f"--max-body-mb {a.max_body_mb:g} is invalid; use MiB > 0")
-    if not 0 < a.adapt_budget <= 1:
-        raise UsageError(
-            f"--adapt-budget {a.adapt_budget:g} is invalid; use a share of one core, 0 < x <= 1"
-        )
+    _check_budgets(("--adapt-budget", a.adapt_budget), ("--adapt-idle-budget", a.adapt_idle_budget))
     if a.adapt_buffer < 1:
         raise UsageError(f"--adapt-buffer {a.adapt_buffer} is invalid; use positions >= 1")
     if a.adapt_cache and a.adapt == "off":
@@ -1235,7 +1253,23 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (64)")
     ba.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
     ba.add_argument(
-        "--budget", type=float, default=0.1, help="share of one core the adaptation may use (0.1)"
+        "--budget",
+        type=float,
+        default=0.1,
+        help="share of one core the adaptation may use while a request decodes (0.1; 0: none)",
+    )
+    ba.add_argument(
+        "--idle-budget",
+        type=float,
+        default=1.0,
+        help="share of one core the adaptation may use between requests (1.0)",
+    )
+    ba.add_argument(
+        "--think",
+        type=float,
+        default=5.0,
+        help="seconds between two requests, a user reading the answer, in which the adaptation "
+        "runs alone, untimed, until it has nothing left to learn (5; 0: back to back)",
     )
     ba.add_argument("--out", help="output folder (default bench-results/<timestamp>-adapt)")
     be = bsub.add_parser(
@@ -1449,7 +1483,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapt-budget",
         type=float,
         default=0.1,
-        help="share of one core the adaptation may use (0.1)",
+        help="share of one core the adaptation may use while requests are in (0.1; 0: none, "
+        "it learns only while the server is idle)",
+    )
+    s.add_argument(
+        "--adapt-idle-budget",
+        type=float,
+        default=1.0,
+        help="share of one core the adaptation may use while no request is in (1.0)",
     )
     s.add_argument(
         "--adapt-buffer",

@@ -114,10 +114,11 @@ class Engine:
 
     drafter: one drafter, or several for k="auto"; k: draft tokens per round (0: plain), or
     "auto" for the goodput `controller`, which k="auto" needs (`Controller.calibrated` reads
-    or measures this machine's costs); learner: shown the target after every round of every
-    request, to read the hidden states it learns from, and each finished request
-    (`observe(req, target)`, `finish(req)`: `specwise.adapt.Adapter`, which adapts a drafter
-    on hidden states to the traffic).
+    or measures this machine's costs); learner: shown each request as it is admitted
+    (`begin(req)`), the target after every round of it, to read the hidden states it learns
+    from (`observe(req, target)`), and its end, also a failed prefill's (`finish(req)`):
+    `specwise.adapt.Adapter`, which adapts a drafter on hidden states to the traffic and
+    trains hardest while no request is in.
     Constructing an Engine touches no disk and measures nothing."""
 
     def __init__(
@@ -221,7 +222,7 @@ class Engine:
         if params.stop and tok is None:
             raise ValueError("stop strings need a tokenizer, and this target has none")
         seq = new_sequence(self.target)
-        return Request(
+        req = Request(
             id=request_id or f"req-{seq}",
             seq=seq,
             params=params,
@@ -235,6 +236,8 @@ class Engine:
             inspect=inspect,
             acceptance=acceptance,
         )
+        self._tell_learner("begin", req)
+        return req
 
     def prefill(self, req: Request, budget: int | None = None, tenant: str | None = None) -> bool:
         """Feed the target the next `budget` tokens of the prompt (None: the rest); True once
@@ -242,7 +245,8 @@ class Engine:
         prompt's last logits exactly as plain decoding takes it, and the drafters' prefill
         (`tenant`: whose request, for drafters that learn across requests, `Drafter.begin`).
         Its forwards are the request's `prefill_ms`; the time between chunks is round 0's
-        overhead. If it raises, the request's caches are released."""
+        overhead. If it raises, the request's caches are released and the learner is told it
+        ended."""
         if budget is not None and budget < 1:
             raise ValueError(f"a prefill budget of {budget} tokens is invalid; use >= 1")
         req.tenant = tenant
@@ -275,6 +279,7 @@ class Engine:
             for d in self.drafters:
                 with contextlib.suppress(Exception):
                     d.end(seq)
+            self._tell_learner("finish", req)  # no finish_reason: nothing to learn from
             raise
         req.clock = time.perf_counter()
         req.draft_prefill_ms = (req.clock - t2) * _ms

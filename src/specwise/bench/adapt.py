@@ -9,13 +9,17 @@ all three alike:
 - `plain`: no drafter, the baseline of every ratio;
 - `heads` (or `eagle`): the trained network at a fixed k, as trained;
 - `heads+adapt` (`eagle+adapt`): the same with an `Adapter` (global scope, the server's
-  defaults) whose training thread runs only while this engine decodes, so its CPU time is
-  charged to it alone.
+  defaults) whose training thread runs only while this engine decodes (within `budget` of a
+  core), so its CPU time there is charged to it alone, and in the user's think time after
+  each of its requests (`think` seconds at most, within `idle_budget`): the time a server
+  waits for the next request, which no configuration is timed in. The think time ends as soon
+  as the thread has nothing left to learn; `think=0` serves the requests back to back.
 
 Per request: tokens, time, continuation speed (tokens after the first over their time: the
 prompt's prefill, the same for all three, left out), proposed and accepted draft tokens, and
-the speedup over plain on the same prompt; per window of `WINDOW` requests the acceptance rate (accepted over proposed)
-and the median speedup; and how often the outputs differ from plain (greedy: they must not,
+the speedup over plain on the same prompt, and the think time the adaptation used after it;
+per window of `WINDOW` requests the acceptance rate (accepted over proposed) and the median
+speedup; and how often the outputs differ from plain (greedy: they must not,
 but at a near-tie, which a forward of two tokens may break otherwise than one of one token:
 `bench`'s divergence check, with its measured noise). After a warm-up of the plain and
 trained engines (not the adapting one, which learns from the run's requests alone). Written to
@@ -57,6 +61,8 @@ def run(
     max_tokens: int = 64,
     temperature: float = 0.0,
     budget: float = 0.1,
+    idle_budget: float = 1.0,
+    think: float = 5.0,
     progress: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Decode `requests` shifted prompts with each configuration; write the folder's files and
@@ -68,7 +74,7 @@ def run(
     prompts = corpus_prompts(limit=requests, seed=1, asks=SHIFTED)
     if len(prompts) < requests and progress is not None:
         progress(f"the standard library gave {len(prompts)} prompts, not {requests}")
-    adapter = Adapter(net, scope="global", budget=budget)
+    adapter = Adapter(net, scope="global", budget=budget, idle_budget=idle_budget)
     make = EagleDrafter if isinstance(net, Layer) else HeadsDrafter
     plain, trained, adapting = _configs(adapter.kind)
     engines = {
@@ -99,6 +105,7 @@ def run(
                     t = time.perf_counter()
                     res = engine.generate(ids, params)
                     seconds = time.perf_counter() - t
+                    idle = _think(adapter, think) if name == adapting else 0.0
                     adapter.pause()
                     s = res.summary
                     got[name] = res.tokens
@@ -112,6 +119,8 @@ def run(
                             "proposed": s.proposed,
                             "accepted": s.accepted,
                             "adapt_steps": adapter.steps,
+                            "adapt_idle_steps": adapter.idle_steps,
+                            "think_s": round(idle, 4),
                         }
                     )
                 plain = rows[-len(engines)]
@@ -138,6 +147,8 @@ def run(
         "max_tokens": max_tokens,
         "temperature": temperature,
         "budget": budget,
+        "idle_budget": idle_budget,
+        "think": think,
         "near_tie": near_tie,
         **adapter.stats(),
     }
@@ -146,6 +157,15 @@ def run(
     (out / "report.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out / "by_request.png", temperature, _configs(adapter.kind))
     return lines
+
+
+def _think(adapter: Adapter, seconds: float) -> float:
+    """The user's think time after a request: the adapter trains alone, untimed, until it has
+    nothing left to learn or `seconds` pass. The seconds it took."""
+    t = time.perf_counter()
+    while adapter.busy() and time.perf_counter() - t < seconds:
+        time.sleep(0.01)
+    return time.perf_counter() - t
 
 
 def _rate(rows: Sequence[dict]) -> float | None:
@@ -171,7 +191,12 @@ def table(rows: Sequence[dict], meta: dict) -> list[str]:
     lines = [
         f"# bench adapt: {meta['model']} ({meta['backend']}), {d} k={meta['k']}, "
         f"{meta['max_tokens']} tokens, T={meta['temperature']:g}, adaptation budget "
-        f"{meta['budget']:g} of a core",
+        f"{meta['budget']:g} of a core while a request decodes"
+        + (
+            f", {meta['idle_budget']:g} in up to {meta['think']:g} s of think time after each"
+            if meta.get("think")  # a run before think time: back to back
+            else ", requests back to back"
+        ),
         "",
         f"| requests | acceptance, {d} | acceptance, {da} | speedup, {d} | "
         f"speedup, {da} | plain tok/s |",
@@ -204,9 +229,16 @@ def table(rows: Sequence[dict], meta: dict) -> list[str]:
     lines.append(
         f"- outputs differing from plain: {d} {len(differ[d])} ({ties[d]} at a "
         f"near-tie), {da} {len(differ[da])} ({ties[da]} at a "
-        f"near-tie) of {n}; {meta['steps']} training steps, {meta['swaps']} swaps, "
-        f"{meta['examples']} positions learnt from"
+        f"near-tie) of {n}; {meta['steps']} training steps"
+        + (f" ({meta['idle_steps']} in think time)" if meta.get("think") else "")
+        + f", {meta['swaps']} swaps, {meta['examples']} positions learnt from"
     )
+    thought = [r["think_s"] for r in rows if r["config"] == da and "think_s" in r]
+    if meta.get("think") and thought:
+        lines.append(
+            f"- think time the adaptation used after a request: median "
+            f"{_median(thought):.2f} s, at most {max(thought):.2f} s (of {meta['think']:g} s)"
+        )
     return lines
 
 
