@@ -398,6 +398,7 @@ def test_the_server_adapts_per_key_and_reports_it(smollm2_path):
         }
         assert metrics["specwise_adapt_examples_total"] == health["examples"]
         assert metrics["specwise_adapt_steps_total"] == health["steps"]
+        assert metrics["specwise_adapt_idle_steps_total"] == health["idle_steps"] > 0
     assert not adapter._thread.is_alive()  # the app's end stopped it
 
 

@@ -59,6 +59,11 @@ class Metrics:
             "Training steps of the adapting heads (serve --adapt)",
             registry=r,
         )
+        self.adapt_idle_steps = Counter(
+            "specwise_adapt_idle_steps",
+            "Of the adapting drafter's training steps, those taken while no request was in",
+            registry=r,
+        )
         self.adapt_swaps = Counter(
             "specwise_adapt_swaps", "Adapted weights swapped into the drafter", registry=r
         )
@@ -68,7 +73,7 @@ class Metrics:
         self.adapt_loss = Gauge(
             "specwise_adapt_loss", "Moving average of the adapting heads' training loss", registry=r
         )
-        self._adapt_seen = {"steps": 0, "swaps": 0, "examples": 0}
+        self._adapt_seen = {"steps": 0, "idle_steps": 0, "swaps": 0, "examples": 0}
         self.draft_seconds = Counter("specwise_draft_seconds", "Time spent drafting", registry=r)
         self.verify_seconds = Counter(
             "specwise_verify_seconds", "Time in target forwards", registry=r
@@ -101,6 +106,7 @@ class Metrics:
         """The adapter's totals now (`Adapter.stats`), before a render."""
         for name, counter in (
             ("steps", self.adapt_steps),
+            ("idle_steps", self.adapt_idle_steps),
             ("swaps", self.adapt_swaps),
             ("examples", self.adapt_examples),
         ):
