@@ -266,11 +266,30 @@ def test_vocab_is_the_most_frequent_top_tokens_and_labels_stay_in_their_sequence
         top_probs=np.full((6, 16), 1 / 16, dtype=np.float16),
         seq=np.array([0, 0, 0, 1, 1, 1]),
         tokens=np.array([3, 3, 1, 1, 1, 7]),
+        greedy=np.ones(6, dtype=bool),
     )
     assert list(distill.choose_vocab(data, 2)) == [1, 3]
     assert list(distill.choose_vocab(data, 1, always=[9])) == [1, 9]
     label = distill._targets(data, np.array([1, 3]), 10, 2)[0]
     assert label.tolist() == [[1, 2], [2, -1], [-1, -1], [4, 5], [5, -1], [-1, -1]]
+
+
+def test_answers_that_share_a_prompt_index_stay_apart(tmp_path):
+    """Two calls of `generate` from different lists can give neighbouring answers, across a
+    shard boundary, the same prompt index: their labels must not run into each other, and
+    whether an answer was greedy stays its prompt's (even: greedy)."""
+
+    def answer(i, n, x):
+        row = (np.full(2, x, np.float16), np.full(16, x, np.int32), np.full(16, 1 / 16), x)
+        return {"i": i, "records": [row] * n}
+
+    distill._write_shard(tmp_path, [answer(4, 2, 1), answer(9, 3, 2)])
+    distill._write_shard(tmp_path, [answer(9, 2, 3), answer(0, 1, 4)])  # another list's 9
+    data = distill.load_data(tmp_path)
+    assert data.seq.tolist() == [1, 1, 2, 2, 2, 3, 3, 0]  # by prompt index, then place
+    assert data.greedy.tolist() == [True] * 2 + [False] * 5 + [True]
+    label = distill._targets(data, np.array([1, 2, 3, 4]), 10, 1)[0]
+    assert label[:, 0].tolist() == [1, -1, 3, 4, -1, 6, -1, -1]
 
 
 def test_heads_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):

@@ -155,14 +155,16 @@ def corpus_prompts(
 @dataclass
 class Data:
     """Positions of generated text: hidden states [n, d] (float16), the target's top TOP ids
-    [n, TOP] and probabilities [n, TOP] at each, the sequence each belongs to [n] (an answer's
-    positions are consecutive) and the token that followed each [n] (-1: not recorded)."""
+    [n, TOP] and probabilities [n, TOP] at each, the answer each belongs to [n] (an answer's
+    positions are consecutive, and no two answers share a number), the token that followed
+    each [n] (-1: not recorded) and whether its answer was greedy [n] (else sampled)."""
 
     hidden: np.ndarray
     top_ids: np.ndarray
     top_probs: np.ndarray
     seq: np.ndarray
     tokens: np.ndarray
+    greedy: np.ndarray
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -289,18 +291,36 @@ def _write_shard(folder: Path, answers: list[dict]) -> None:
 
 
 def load_data(folder: Path) -> Data:
-    """Every shard in `folder`, in order."""
+    """Every shard in `folder`, in order. A shard names each position's answer by its prompt's
+    index in the list it was asked from (`generate`), which another list may use again: the
+    answers are numbered anew here, in the order of those indices."""
     shards = [np.load(p) for p in sorted(folder.glob("shard-?????.npz"))]
     if not shards:
         raise ValueError(f"{folder} holds no self-distillation data yet")
     seq = [np.asarray(s["seq"], dtype=np.int64) for s in shards]
+    prompt = np.concatenate(seq)
     return Data(
         np.concatenate([s["hidden"] for s in shards]),
         np.concatenate([s["ids"] for s in shards]),
         np.concatenate([s["probs"] for s in shards]),
-        np.concatenate(seq),
+        _answers(seq),
         np.concatenate([_followed(s, q) for s, q in zip(shards, seq, strict=True)]),
+        prompt % 2 == 0,  # `generate`'s rule
     )
+
+
+def _answers(seq: Sequence[np.ndarray]) -> np.ndarray:
+    """One number per answer for the shards' prompt indices `seq`: an answer is a run of one
+    index within a shard; numbered by (index, place), so a folder asked from one list keeps
+    its indices' order."""
+    shard = np.concatenate([np.full(len(q), k) for k, q in enumerate(seq)])
+    prompt = np.concatenate(seq)
+    new = np.r_[True, (np.diff(prompt) != 0) | (np.diff(shard) != 0)]
+    run = np.cumsum(new) - 1
+    order = np.lexsort((np.arange(int(new.sum())), prompt[new]))
+    number = np.empty_like(order)
+    number[order] = np.arange(len(order))
+    return number[run]
 
 
 def _followed(shard, seq: np.ndarray) -> np.ndarray:
@@ -605,8 +625,8 @@ def score(net: Heads | Layer, data: Data) -> dict[str, dict]:
     held = _split(data)[1]
     kinds = {
         "all": held,
-        "greedy": held[data.seq[held] % 2 == 0],
-        "sampled": held[data.seq[held] % 2 == 1],
+        "greedy": held[data.greedy[held]],
+        "sampled": held[~data.greedy[held]],
     }
     judge = evaluate_layer if isinstance(net, Layer) else evaluate
     return {kind: judge(net, data, rows) for kind, rows in kinds.items()}
