@@ -436,12 +436,16 @@ def test_bench_adapt_reports_windows_and_the_last_over_the_first(d):
     assert f"{d} k=1" in text and f"| acceptance, {d} | acceptance, {d}+adapt |" in text
     assert f"{d}+adapt: acceptance over requests 51–100 is 3.00x that over 1–50" in text
     assert f"{d}: acceptance over requests 51–100 is 1.00x" in text
+    assert f"acceptance, {d}+adapt over {d}, window by window: 1.00x, 3.00x" in text
     assert f"differing from plain: {d} 2 (1 at a near-tie), {d}+adapt 0 (0 at a" in text
 
 
-def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(smollm2_path, tmp_path):
+def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(
+    smollm2_path, tmp_path, capsys
+):
     from specwise.backends.llama_cpp import LlamaCppLM
     from specwise.bench import adapt
+    from specwise.cli import main
 
     target = LlamaCppLM(smollm2_path, context_length=512, max_sequences=4, hidden=True)
     layer = Layer(target.hidden_size, list(range(1024)), target.vocab_size, width=16)
@@ -451,3 +455,9 @@ def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(smollm2_pa
     assert rows[2]["think_s"] > 0 and rows[2]["adapt_idle_steps"] > 0  # it learnt between them
     assert all(r["same_as_plain"] or r["near_tie"] for r in rows)
     assert "eagle k=1" in lines[0] and (tmp_path / "by_request.png").exists()
+    (tmp_path / "report.md").unlink()
+    assert main(["bench", "report", str(tmp_path)]) == 0  # rebuilt from the run's files
+    assert (tmp_path / "report.md").read_text() == "\n".join(lines) + "\n"
+    (tmp_path / "requests.jsonl").write_text("")
+    assert main(["bench", "report", str(tmp_path)]) == 2
+    assert "has no requests; nothing to report" in capsys.readouterr().err

@@ -655,9 +655,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         return 0
     if a.bench_command == "report":
+        from specwise.bench import adapt
         from specwise.bench.session import rebuild
 
-        rebuild(Path(a.folder), json_line=a.json)
+        folder = Path(a.folder)
+        if (folder / "meta.json").exists() and not (folder / "rounds.jsonl").exists():
+            print("\n".join(adapt.rebuild(folder)))  # a `bench adapt` run
+        else:
+            rebuild(folder, json_line=a.json)
         return 0
     if a.bench_command == "batch":
         from specwise.bench.backend import run_batch_bench
@@ -1194,7 +1199,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--repeats", type=int, default=5)
     bt.add_argument("--out", help="output folder (default bench-results/<timestamp>-batch)")
     br = bsub.add_parser(
-        "report", help="rebuild report.md, summary.json and plots from a run's JSONL files"
+        "report",
+        help="rebuild report.md, summary.json and plots from a run's JSONL files (of a "
+        "`bench adapt` run: report.md and by_request.png)",
     )
     br.add_argument("folder", help="the run's --out folder")
     br.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")

@@ -23,7 +23,8 @@ speedup; and how often the outputs differ from plain (greedy: they must not,
 but at a near-tie, which a forward of two tokens may break otherwise than one of one token:
 `bench`'s divergence check, with its measured noise). After a warm-up of the plain and
 trained engines (not the adapting one, which learns from the run's requests alone). Written to
-the output folder as requests.jsonl, report.md and by_request.png.
+the output folder as requests.jsonl, meta.json, report.md and by_request.png (`rebuild`, and
+`specwise bench report <folder>`, write the last two again from the first two).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from specwise.drafters.heads import Heads, HeadsDrafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
-__all__ = ["WINDOW", "run", "table"]
+__all__ = ["WINDOW", "rebuild", "run", "table"]
 
 WINDOW = 50  # requests per row of the report (the issue's first and last 50 of 200)
 
@@ -153,9 +154,28 @@ def run(
         **adapter.stats(),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return _write_report(rows, meta, out)
+
+
+def rebuild(out: Path) -> list[str]:
+    """report.md and by_request.png of the run in `out` again, from its requests.jsonl and
+    meta.json; the report's lines."""
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+        rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    except OSError as e:
+        raise ValueError(f"{out} holds no bench adapt run: cannot read {e.filename}") from None
+    except ValueError:
+        raise ValueError(f"{out} holds a damaged bench adapt run: a file is not JSON") from None
+    if not rows:
+        raise ValueError(f"{out / 'requests.jsonl'} has no requests; nothing to report")
+    return _write_report(rows, meta, out)
+
+
+def _write_report(rows: Sequence[dict], meta: dict, out: Path) -> list[str]:
     lines = table(rows, meta)
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    _plot(rows, out / "by_request.png", temperature, _configs(adapter.kind))
+    _plot(rows, out / "by_request.png", meta["temperature"], _configs(meta.get("drafter", "heads")))
     return lines
 
 
@@ -184,7 +204,8 @@ def _fmt(x: float | None, pattern: str) -> str:
 
 def table(rows: Sequence[dict], meta: dict) -> list[str]:
     """The report: per window of WINDOW requests, acceptance and median speedup over plain of
-    the drafter as trained and adapting; then the last window's acceptance over the first's."""
+    the drafter as trained and adapting; then the last window's acceptance over the first's,
+    and each window's adapting acceptance over the trained one's."""
     n = 1 + max((r["index"] for r in rows), default=-1)
     configs = _configs(meta.get("drafter", "heads"))
     _, d, da = configs
@@ -224,6 +245,14 @@ def table(rows: Sequence[dict], meta: dict) -> list[str]:
                 f"- {c}: acceptance over requests {windows[-1].start + 1}–{windows[-1].stop} is "
                 f"{_fmt(ratio, '{:.2f}')}x that over 1–{windows[0].stop}"
             )
+    gain = [
+        None if not r[d] or r[da] is None else r[da] / r[d]
+        for r in (rates[w.start] for w in windows)
+    ]
+    lines.append(
+        f"- acceptance, {da} over {d}, window by window: "
+        + ", ".join(_fmt(g, "{:.2f}x") for g in gain)
+    )
     differ = {c: [r for r in rows if r["config"] == c and not r["same_as_plain"]] for c in configs}
     ties = {c: sum(bool(r.get("near_tie")) for r in differ[c]) for c in configs}
     lines.append(
