@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from specwise import Engine, SamplingParams
+from specwise import Engine, SamplingParams, distill
 from specwise.adapt import Adapter, Answers, Replay
 from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.drafters.heads import Heads, HeadsDrafter
@@ -353,12 +353,19 @@ def test_a_learner_that_fails_is_dropped_and_the_request_goes_on(caplog):
         ({"budget": 1.5}, "budget of 1.5 is invalid"),
         ({"idle_budget": 0.0}, "idle adaptation budget of 0 is invalid"),
         ({"capacity": 0}, "capacity of 0 is invalid"),
+        ({"lr": 0.0}, "lr and passes > 0"),
     ],
 )
 def test_bad_settings_are_one_clear_error(kw, words):
     heads = Heads(4, 1, [0, 1], 2)
     with pytest.raises(ValueError, match=words):
         Adapter(heads, **kw)
+
+
+def test_each_network_adapts_at_the_rate_it_was_trained_at():
+    assert Adapter(Heads(4, 1, [0, 1], 2)).lr == distill.HEADS_LR
+    assert Adapter(Layer(4, [0, 1], 2, width=8)).lr == distill.LAYER_LR < distill.HEADS_LR
+    assert Adapter(Heads(4, 1, [0, 1], 2), lr=0.01).lr == 0.01
 
 
 def test_the_server_adapts_per_key_and_reports_it(smollm2_path):

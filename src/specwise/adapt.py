@@ -18,8 +18,8 @@ target, whose cross-entropy has the expectation (and the gradient) of the soft o
 bounded replay buffer (`Replay`: the newest `capacity` positions; `Answers`: the newest
 answers holding at most `capacity` positions).
 
-How. One background thread, with one torch thread, never the scheduler's: AdamW steps on
-`batch` positions drawn from a buffer (for the layer: whole answers, until they hold `batch`
+How. One background thread, with one torch thread, never the scheduler's: AdamW steps (at
+`lr`, by default the rate `distill` trained the network at) on `batch` positions drawn from a buffer (for the layer: whole answers, until they hold `batch`
 positions), each step followed by a rest that keeps the thread's CPU time within a share of
 one core: `idle_budget` while no request is in the engine (from `begin` to `finish`), `budget`
 while one is (0: no step then); a request admitted during a step shares the CPU with the rest
@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from specwise.backends.base import LM
+from specwise.distill import HEADS_LR, LAYER_LR
 from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads, vocab_index
 from specwise.request import Request
@@ -132,6 +133,7 @@ class _Work:
     `example` makes a finished request's example, `draw` and `loss` train on them."""
 
     name = ""
+    lr = 0.0  # AdamW's rate
 
     def __init__(self, net: Any) -> None:
         self.net = net
@@ -162,6 +164,7 @@ class _HeadsWork(_Work):
     the one it predicted (module docstring)."""
 
     name = "heads"
+    lr = HEADS_LR  # the rate it was trained at
 
     def replay(self, capacity: int) -> Replay:
         return Replay(capacity, self.net.hidden_size, self.net.n_heads)
@@ -202,6 +205,7 @@ class _LayerWork(_Work):
     that followed it and the one after that as its label (module docstring)."""
 
     name = "eagle"
+    lr = LAYER_LR  # the rate it was trained at
 
     def replay(self, capacity: int) -> Answers:
         return Answers(capacity)
@@ -269,7 +273,7 @@ class Adapter:
         idle_budget: float = 1.0,
         capacity: int = 8192,
         batch: int = 128,
-        lr: float = 1e-3,
+        lr: float | None = None,
         passes: float = 4.0,
         swap_every: int = 8,
         tenants: int = 4,
@@ -290,13 +294,14 @@ class Adapter:
         for name, value in (("capacity", capacity), ("batch", batch), ("tenants", tenants)):
             if value < 1:
                 raise ValueError(f"an adaptation {name} of {value} is invalid; use >= 1")
-        if swap_every < 1 or not lr > 0 or not passes > 0:
+        if swap_every < 1 or not (lr is None or lr > 0) or not passes > 0:
             raise ValueError("swap_every must be >= 1, lr and passes > 0")
         self.base = net
         self._work: _Work = _LayerWork(net) if isinstance(net, Layer) else _HeadsWork(net)
         self.scope, self.budget, self.capacity, self.batch = scope, budget, capacity, batch
         self.idle_budget = idle_budget
-        self.lr, self.passes, self.swap_every, self.max_tenants = lr, passes, swap_every, tenants
+        self.lr = self._work.lr if lr is None else lr
+        self.passes, self.swap_every, self.max_tenants = passes, swap_every, tenants
         self.seed = seed
         self._tenants: collections.OrderedDict[str | None, _Tenant] = collections.OrderedDict()
         self._seqs: dict[int, str | None] = {}  # live sequence -> its tenant's key

@@ -152,6 +152,10 @@ def corpus_prompts(
     return out
 
 
+HEADS_LR = 1e-3  # AdamW's rate for the heads (`train`, and the server's adaptation of them)
+LAYER_LR = 5e-4  # and for the eagle layer (`train_layer`, and its adaptation)
+
+
 @dataclass
 class Data:
     """Positions of generated text: hidden states [n, d] (float16), the target's top TOP ids
@@ -398,7 +402,7 @@ def train(
     seconds: float,
     checkpoint: Path | None = None,
     batch: int = 256,
-    lr: float = 1e-3,
+    lr: float = HEADS_LR,
     seed: int = 0,
 ) -> dict:
     """Train `heads` on `data` for about `seconds` (whole epochs while time is left, at least
@@ -572,7 +576,7 @@ def train_layer(
     seconds: float,
     checkpoint: Path | None = None,
     batch: int = 8,
-    lr: float = 5e-4,
+    lr: float = LAYER_LR,
     seed: int = 0,
 ) -> dict:
     """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
