@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specwise.backends.base import LM
 
-__all__ = ["BACKENDS", "GGUF_BACKENDS", "load", "load_pair", "resolve_model"]
+__all__ = ["BACKENDS", "GGUF_BACKENDS", "load", "load_pair", "model_layers", "resolve_model"]
 
 GGUF_BACKENDS = ("llama_cpp", "ik_llama")
 BACKENDS = ("torch", *GGUF_BACKENDS)
@@ -35,7 +35,7 @@ def load_pair(
     threads: int | None = None,
     max_sequences: int = 4,
     exact: bool = False,
-    hidden: bool = False,
+    hidden: bool | tuple[int, ...] = False,
 ) -> tuple[LM, LM | None]:
     """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
     on torch, a GGUF file on the backend measured best for the target on this machine (the
@@ -44,7 +44,8 @@ def load_pair(
     serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
     ik_llama once its probe found it exact on this machine, else on mainline llama.cpp a
     forward a token (`_exact_gguf`). hidden: the target keeps its hidden states (`LM.hidden`,
-    for the heads drafter)."""
+    for the heads drafter), or with layer indices those layers' outputs (`LM.hidden_layers`,
+    for the eagle drafter)."""
     if backend is not None and backend not in (*BACKENDS, "auto"):
         raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
     paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
@@ -78,7 +79,8 @@ def load_pair(
     if exact and kinds[0] != "torch":
         kinds[0] = _exact_gguf(paths[0], backend, max_sequences)
     lms = [
-        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0, hidden=hidden and i == 0)
+        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0,
+              hidden=hidden if i == 0 else False)
         for i, (p, k) in enumerate(zip(paths, kinds, strict=True))
     ]
     return lms[0], (lms[1] if draft else None)
@@ -106,13 +108,32 @@ def _exact_gguf(path: Path, backend: str | None, max_sequences: int) -> str:
     return "llama_cpp"
 
 
+def model_layers(path: Path) -> int:
+    """The number of transformer layers of a model file (a GGUF file's `block_count`) or
+    Hugging Face folder (`num_hidden_layers`), read without loading it; ValueError where it
+    says none."""
+    import json
+
+    if path.is_dir():
+        config = json.loads((path / "config.json").read_text())
+        n = config.get("num_hidden_layers") or config.get("n_layer")
+    else:
+        from specwise.backends.gguf_header import metadata
+
+        meta = metadata(path)
+        n = meta.get(f"{meta.get('general.architecture')}.block_count")
+    if not n:
+        raise ValueError(f"{path} does not say how many layers its model has")
+    return int(n)
+
+
 def load(
     model: str | Path,
     backend: str | None = None,
     threads: int | None = None,
     max_sequences: int = 4,
     exact: bool = False,
-    hidden: bool = False,
+    hidden: bool | tuple[int, ...] = False,
 ) -> LM:
     """An LM for `model` (a path or a catalog name), as `load_pair` loads a target."""
     return load_pair(model, None, backend, threads, max_sequences, exact, hidden)[0]
@@ -125,7 +146,7 @@ def _open(
     max_sequences: int,
     flash: dict[Path, bool],
     exact: bool = False,
-    hidden: bool = False,
+    hidden: bool | tuple[int, ...] = False,
 ) -> LM:
     if backend == "torch":
         from specwise.backends.torch_hf import TorchLM

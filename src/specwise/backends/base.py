@@ -18,7 +18,14 @@ target predicted the token after it: after a round's rollback, the state that pr
 round's last emitted token. `hiddens(seq, start)` gives those of the cached positions from
 `start` on, or from the first one it keeps after it: a backend keeps the states of consecutive
 positions up to the last cached one, from the first row of the forward that began them (a
-prefill asked for its last row only: that row's position). This module holds no model code.
+prefill asked for its last row only: that row's position).
+
+Layer states (an LM built with `hidden=(i, j, ...)`, layer indices; its `hidden_layers`): the
+state of a position is then the outputs of those layers there, side by side
+([len(layers) * width]), kept for every token fed, a prefill's too, and `read(seq, tokens)`
+feeds tokens computing no logits at all, returning their layer states and their final hidden
+states (teacher forcing: the layers of a drafter's data, and what the target predicted there).
+This module holds no model code.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ __all__ = [
     "Reserved",
     "Tokenizer",
     "check_append",
+    "check_layers",
     "check_same_vocab",
     "check_tree",
     "check_truncate",
@@ -103,6 +111,7 @@ class LM(Protocol):
     exact: bool  # a row's logits do not depend on the call's shape or other sequences, bit for bit
     trees: bool  # forward takes token trees (module docstring)
     hidden_size: int  # width of a hidden state; 0: this LM gives none (module docstring)
+    hidden_layers: tuple[int, ...]  # the layers whose outputs a state holds; (): the final state
 
     def forward(
         self,
@@ -141,10 +150,30 @@ class LM(Protocol):
         where the last one is not kept."""
         ...
 
+    def read(self, seq: int, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Teacher forcing, on an LM with `hidden_layers`: append `tokens` to seq's cache,
+        computing no logits, and return their layer states [n, hidden_size] and their final
+        hidden states [n, width] (the output layer's input: what the model predicted there)."""
+        ...
+
     def length(self, seq: int) -> int: ...
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
     def in_use(self) -> int: ...  # sequences holding cache now (0 once all are released)
+
+
+def check_layers(hidden: bool | Sequence[int], n_layers: int) -> tuple[int, ...]:
+    """The layer indices of `hidden` (an LM's argument: True or False for the final state
+    or none, or the indices of the layers whose outputs a state holds), checked against the
+    model's `n_layers`: ValueError naming the value where one is out of range or repeated."""
+    if isinstance(hidden, bool):
+        return ()
+    layers = tuple(int(i) for i in hidden)
+    if not layers or len(set(layers)) != len(layers) or not all(0 <= i < n_layers for i in layers):
+        raise ValueError(
+            f"hidden layers {list(layers)} are invalid; name distinct layers 0..{n_layers - 1}"
+        )
+    return layers
 
 
 class HiddenLog:

@@ -202,6 +202,7 @@ _PROTOTYPES: dict[str, tuple[object, list]] = {
     "llama_free": (None, [_p]),
     "llama_n_ctx_train": (c_int32, [_p]),
     "llama_model_n_embd": (c_int32, [_p]),
+    "llama_n_layer": (c_int32, [_p]),
     "llama_model_get_vocab": (_p, [_p]),
     "llama_model_chat_template": (c_char_p, [_p, c_char_p]),
     "llama_vocab_n_tokens": (c_int32, [_p]),
@@ -233,6 +234,7 @@ _PROTOTYPES: dict[str, tuple[object, list]] = {
 _ALIASES = {
     "llama_model_free": "llama_free_model",
     "llama_model_n_ctx_train": "llama_n_ctx_train",
+    "llama_model_n_layer": "llama_n_layer",
     "llama_tokenize": "llama_vocab_tokenize",
 }
 

@@ -11,8 +11,9 @@ It is `LlamaCppLM` with another library underneath; what differs:
   one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction),
   and a forward takes token trees (`LM.trees`); after every rollback or release the used
   cells are moved together (`_close_gaps`: the library's attention misses cells above a gap);
-- a context that computes embeddings returns no logits here, so hidden states (`hidden=True`)
-  are copied out of the graph as it runs (`_HiddenTap`).
+- a context that computes embeddings returns no logits here, so hidden states (`hidden=True`,
+  or the outputs of named layers) are copied out of the graph as it runs (`_HiddenTap`), which
+  also lets `read` stop a forward after its final norm.
 
 The wheel's library is a prebuilt AVX2 binary: on a CPU it cannot run on, it dies (SIGILL, or an
 assertion that aborts the process) rather than raise, and a wrong kernel computes garbage
@@ -49,6 +50,8 @@ PROBE_VERSION = 3  # part of a verdict's key: a probe that checks more asks agai
 AGREE = 0.99  # least row correlation of logits that must agree (measured: >= 0.997 when right)
 _PROBE_OK = "specwise-ik-probe-ok"
 EXACT_WIDTH = 16  # exact mode's most tokens a pass: the matrix kernels change path from 32 rows
+FINAL = "result_norm"  # the graph's final hidden state: the output layer's input
+FINAL_B = FINAL.encode()
 
 
 def _ik():
@@ -106,8 +109,9 @@ class IkLlamaLM(LlamaCppLM):
         cparams.flash_attn = self.flash_attn
 
     def _want_hidden(self, cparams) -> None:
+        names = [f"l_out-{i}" for i in self.hidden_layers] or [FINAL]
         self._tap = _HiddenTap(
-            ik_api.open_ggml(self._lib), self._lib.llama_model_n_embd(self._model)
+            ik_api.open_ggml(self._lib), self._lib.llama_model_n_embd(self._model), names
         )
         cparams.cb_eval = ctypes.cast(self._tap.callback, ctypes.c_void_p).value
 
@@ -119,6 +123,24 @@ class IkLlamaLM(LlamaCppLM):
                 f"for {n}"
             )
         return rows
+
+    def read(self, seq: int, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """`LM.read`: every token is an output row, so that the final norm runs over all of
+        them, and the graph stops there (`_HiddenTap.final`): the output layer, 15% of a
+        forward's work here, and the copy of its logits are skipped."""
+        if not self.hidden_layers:
+            raise ValueError("read needs an ik_llama target built with hidden layers")
+        start = self.length(seq)
+        self._tap.final, self._no_logits = [], True
+        try:
+            self.forward([(seq, tokens)])
+            final = self._tap.final
+        finally:
+            self._tap.final, self._no_logits = None, False
+        states = self.hiddens(seq, start)
+        if states is None or len(states) != len(tokens):
+            raise RuntimeError(f"ik_llama kept no layer states of sequence {seq}'s tokens")
+        return states, np.concatenate(final)
 
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         return self._lib.llama_kv_cache_seq_rm(*self._cell(slot), p0, p1)
@@ -163,41 +185,53 @@ class IkLlamaLM(LlamaCppLM):
 
 
 class _HiddenTap:
-    """Copies the final hidden state (the tensor `result_norm`: the output layer's input, one
-    row per output) out of each graph the library computes, through its scheduler's eval
-    callback, which is asked about every node (~700 a forward of a 1.5B model: well under a
-    millisecond) and computes the graph up to the node wanted first. A callback must not
-    raise into C; an error is kept and raised by `take`."""
+    """Copies the tensors `names` out of each graph the library computes (the final hidden
+    state `result_norm`, the output layer's input, one row per output; or layer outputs
+    `l_out-i`, one row per token), through its scheduler's eval callback, which is asked about
+    every node (~850 a forward of a 1.5B model: well under a millisecond) and computes the
+    graph up to the node wanted next. While `final` is a list (`IkLlamaLM.read`), it also
+    copies `result_norm` into it and stops the graph there: nothing after it is computed. A
+    callback must not raise into C; an error is kept and raised by `take`."""
 
-    def __init__(self, ggml, width: int) -> None:
+    def __init__(self, ggml, width: int, names: Sequence[str]) -> None:
         self._ggml, self.width = ggml, width
-        self._rows: list[np.ndarray] = []
+        self._names = [n.encode() for n in names]
+        self._rows: dict[bytes, list[np.ndarray]] = {n: [] for n in self._names}
+        self.final: list[np.ndarray] | None = None
         self._error: str | None = None
         self.callback = ik_api.eval_callback(self._on_tensor)
 
     def _on_tensor(self, tensor, ask: bool, _user) -> bool:
         try:
+            name = self._ggml.ggml_get_name(tensor)
             if ask:
-                return self._ggml.ggml_get_name(tensor) == b"result_norm"
+                return name in self._rows or (self.final is not None and name == FINAL_B)
             size = self._ggml.ggml_nbytes(tensor)
             if size % (4 * self.width):
-                raise ValueError(f"result_norm holds {size} bytes, not rows of {self.width} floats")
+                raise ValueError(f"{name!r} holds {size} bytes, not rows of {self.width} floats")
             rows = np.empty((size // (4 * self.width), self.width), dtype=np.float32)
             self._ggml.ggml_backend_tensor_get(tensor, rows.ctypes.data, 0, size)
-            self._rows.append(rows)
+            if name in self._rows:
+                self._rows[name].append(rows)
+            if self.final is not None and name == FINAL_B:
+                self.final.append(rows)
+                return False  # stop the graph: the logits are not wanted
         except Exception as exc:  # reported by take()
             self._error = self._error or f"{type(exc).__name__}: {exc}"
         return True  # False would stop the graph
 
     def take(self) -> np.ndarray:
-        """The rows captured since the last take, in order."""
-        rows, self._rows = self._rows, []
+        """The rows captured since the last take, in order, the tensors side by side
+        [rows, len(names) * width]."""
+        got = [self._rows[n] for n in self._names]
+        self._rows = {n: [] for n in self._names}
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"reading ik_llama's hidden states failed: {error}")
-        if not rows:
-            return np.empty((0, self.width), dtype=np.float32)
-        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+        parts = [np.concatenate(r) if r else np.empty((0, self.width), np.float32) for r in got]
+        if len({len(p) for p in parts}) > 1:
+            raise RuntimeError(f"ik_llama computed {[len(p) for p in parts]} rows of {self._names}")
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 def _probe_key(model: Path, flash_attn: bool, batched: bool, exact: bool) -> str:

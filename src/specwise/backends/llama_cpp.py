@@ -60,6 +60,7 @@ from specwise.backends.base import (
     BackendInfo,
     HiddenLog,
     check_append,
+    check_layers,
     check_path,
     check_rows,
     check_tree,
@@ -213,12 +214,25 @@ class LlamaTokenizer:
         return raw.decode("utf-8", "surrogateescape") if raw else ""
 
 
+def _split_rows(rows: np.ndarray, entries: Sequence[int], blocks: list[list[np.ndarray]]) -> None:
+    """Append each run of `rows` [n, ...] to the block list of its entry (`entries[i]`: the
+    entry of row i; an entry's rows are consecutive)."""
+    j = 0
+    while j < len(entries):
+        e, k = entries[j], j
+        while k < len(entries) and entries[k] == e:
+            k += 1
+        blocks[e].append(rows[j:k])
+        j = k
+
+
 class LlamaCppLM:
     """LlamaCppLM(path, threads=None, context_length=4096, max_sequences=4, hidden=False).
 
     hidden=True: every forward also returns the final hidden state of the rows it computes
     logits for (`LM.hidden`), at no extra forward; off by default, since it costs a copy per
-    call. The library-specific steps (which library, model and context parameters, how cache
+    call. hidden=(i, j, ...): the outputs of those layers at every token fed instead
+    (`LM.hidden_layers`), where the library can read them (`_want_hidden`). The library-specific steps (which library, model and context parameters, how cache
     cells are removed and copied, how a call runs as passes, how hidden states are read) are
     the methods a subclass for another llama.cpp library overrides; the rest (slots, batches,
     logits rows, rollback) is shared."""
@@ -236,7 +250,7 @@ class LlamaCppLM:
         n_batch: int = 512,
         extra_buffers: bool | None = None,
         exact: bool = False,
-        hidden: bool = False,
+        hidden: bool | Sequence[int] = False,
     ) -> None:
         path = Path(path)
         _check_gguf(path)
@@ -268,6 +282,7 @@ class LlamaCppLM:
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         self._context_params(cparams)
+        self.hidden_layers = check_layers(hidden, lib.llama_model_n_layer(self._model))
         if hidden:
             self._want_hidden(cparams)
         self._ctxs: list = []
@@ -287,7 +302,8 @@ class LlamaCppLM:
         self.tokenizer = LlamaTokenizer(lib, self._model, vocab)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = self.tokenizer.n_tokens  # logits width in llama.cpp
-        self.hidden_size = lib.llama_model_n_embd(self._model) if hidden else 0
+        width = lib.llama_model_n_embd(self._model)
+        self.hidden_size = width * max(1, len(self.hidden_layers)) if hidden else 0
         self._hidden: dict[int, HiddenLog] = {}  # seq -> the hidden states kept
         self.info = BackendInfo(
             self.backend,
@@ -305,6 +321,7 @@ class LlamaCppLM:
         self._gaps = False  # cells may have been freed below used ones (`_close_gaps`)
         self._spare = list(range(max_sequences, max_sequences + TREE_LEAVES * max_sequences))
         self.copy_ms = 0.0  # total time spent copying logits out of llama.cpp (for profiling)
+        self._no_logits = False  # `read`: the call's logits are not computed, nor copied
 
     # -- what differs between llama.cpp libraries ---------------------------------------------
     def _library(self):
@@ -331,7 +348,13 @@ class LlamaCppLM:
 
     def _want_hidden(self, cparams) -> None:
         """Make the contexts output hidden states: mainline's contexts that compute embeddings
-        without pooling return the output layer's input beside the logits, in the same order."""
+        without pooling return the output layer's input beside the logits, in the same order;
+        the outputs of other layers they do not return."""
+        if self.hidden_layers:
+            raise ValueError(
+                f"{self.backend} gives the final hidden state only, not the outputs of layers "
+                f"{list(self.hidden_layers)}; use --backend ik_llama (or torch)"
+            )
         cparams.embeddings = True
         cparams.pooling_type = self._lib.LLAMA_POOLING_TYPE_NONE
 
@@ -421,8 +444,10 @@ class LlamaCppLM:
         blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         hblocks: list[list[np.ndarray]] = [[] for _ in plan]  # and of hidden states (hidden=True)
         outputs: list[int] = []  # entry of each logits row of the pending call
+        fed: list[int] = []  # entry of each token of the pending call
         fill = 0
         ctx = None  # the context of the pending call
+        every = bool(self.hidden_layers)  # a state for every token fed, not only for outputs
 
         def decode() -> None:
             nonlocal fill
@@ -431,23 +456,18 @@ class LlamaCppLM:
             if rc != 0:
                 why = "no room in the KV cache" if rc == 1 else "see the llama.cpp log"
                 raise RuntimeError(f"llama_decode failed with code {rc} ({why})")
-            if outputs:
-                t = time.perf_counter()
+            t = time.perf_counter()
+            if outputs and not self._no_logits:
                 ptr = lib.llama_get_logits(ctx)
                 # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
                 got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
-                states = self._hidden_rows(ctx, len(outputs)) if self.hidden_size else None
-                self.copy_ms += (time.perf_counter() - t) * 1000.0
-                j = 0
-                while j < len(outputs):  # rows of one entry are consecutive
-                    e, k = outputs[j], j
-                    while k < len(outputs) and outputs[k] == e:
-                        k += 1
-                    blocks[e].append(got[j:k])
-                    if states is not None:
-                        hblocks[e].append(states[j:k])
-                    j = k
+                _split_rows(got, outputs, blocks)
+            if self.hidden_size and (outputs or every):
+                rows = fed if every else outputs
+                _split_rows(self._hidden_rows(ctx, len(rows)), rows, hblocks)
+            self.copy_ms += (time.perf_counter() - t) * 1000.0
             outputs.clear()
+            fed.clear()
             fill = 0
 
         try:
@@ -478,6 +498,7 @@ class LlamaCppLM:
                     b.logits[fill] = want
                     if want:
                         outputs.append(e)
+                    fed.append(e)
                     fill += 1
             decode()
         except RuntimeError:
@@ -495,7 +516,10 @@ class LlamaCppLM:
                 self._trees[seq] = planted[e]
             if self.hidden_size:  # the rows' first position: the last token's, with last_only
                 log = self._hidden.setdefault(seq, HiddenLog(self.hidden_size))
-                log.put(start + len(tokens) - 1 if last_only else start, np.concatenate(hblocks[e]))
+                first = start + len(tokens) - 1 if last_only and not every else start
+                log.put(first, np.concatenate(hblocks[e]))
+        if self._no_logits:
+            return []
         return [r[0] if len(r) == 1 else np.concatenate(r) for r in blocks]
 
     def hidden(self, seq: int) -> np.ndarray | None:

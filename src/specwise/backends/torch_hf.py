@@ -25,6 +25,7 @@ from specwise.backends.base import (
     BackendInfo,
     HiddenLog,
     check_append,
+    check_layers,
     check_rows,
     check_truncate,
     eos_ids,
@@ -102,7 +103,8 @@ def _load(path: Path) -> tuple[Any, Any]:
 
 class TorchLM:
     """TorchLM(model_or_path, tokenizer=None, exact=False, hidden=False): a transformers causal
-    LM with per-sequence caches; hidden=True keeps the final hidden states (`LM.hidden`)."""
+    LM with per-sequence caches; hidden=True keeps the final hidden states (`LM.hidden`),
+    hidden=(i, j, ...) the outputs of those layers at every token fed (`LM.hidden_layers`)."""
 
     def __init__(
         self,
@@ -111,7 +113,7 @@ class TorchLM:
         *,
         context_length: int | None = None,
         exact: bool = False,
-        hidden: bool = False,
+        hidden: bool | Sequence[int] = False,
     ) -> None:
         self.exact = exact
         self.trees = False
@@ -139,7 +141,8 @@ class TorchLM:
         self.info = BackendInfo("torch", source, torch.get_num_threads(), fingerprint, exact=exact)
         self._caches: dict[int, Any] = {}
         self._lengths: dict[int, int] = {}
-        self.hidden_size = int(cfg.hidden_size) if hidden else 0
+        self.hidden_layers = check_layers(hidden, int(cfg.num_hidden_layers))
+        self.hidden_size = int(cfg.hidden_size) * max(1, len(self.hidden_layers)) if hidden else 0
         self._hidden: dict[int, HiddenLog] = {}  # seq -> the hidden states kept
         # transformers >= 5.24 calls the cache argument `cache`; older versions `past_key_values`
         params = inspect.signature(model.forward).parameters
@@ -180,7 +183,7 @@ class TorchLM:
                 if cache is None:
                     cache = self._caches[seq] = DynamicCache(config=self.model.config)
                 pieces = [[t] for t in tokens] if self.exact and not last_only else [tokens]
-                rows, states = [], []
+                rows, states, finals = [], [], []
                 for piece in pieces:
                     res = self.model(
                         input_ids=torch.tensor([list(piece)], dtype=torch.long),
@@ -192,16 +195,28 @@ class TorchLM:
                     self._lengths[seq] = self._lengths.get(seq, 0) + len(piece)
                     rows.append(res.logits[0].float().numpy())  # [len(piece) or 1, V]
                     if self.hidden_size:  # the last entry is the output norm's: [len(piece), d]
-                        states.append(res.hidden_states[-1][0].float().numpy())
+                        finals.append(res.hidden_states[-1][0].float().numpy())
+                        # entry i + 1 is layer i's output
+                        layers = [res.hidden_states[i + 1][0] for i in self.hidden_layers]
+                        states.append(torch.cat(layers, -1).float().numpy() if layers else None)
                 if self.hidden_size:  # the rows asked for: the last one only, with last_only
                     log = self._hidden.setdefault(seq, HiddenLog(self.hidden_size))
-                    kept = np.concatenate(states)
-                    if last_only:
+                    self._final = np.concatenate(finals)
+                    kept = np.concatenate(states) if self.hidden_layers else self._final
+                    if last_only and not self.hidden_layers:
                         log.put(have + len(kept) - 1, kept[-1:])
                     else:
                         log.put(have, kept)
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 out.append(np.ascontiguousarray(logits, dtype=np.float32))
+
+    def read(self, seq: int, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """`LM.read` (the logits are computed, then dropped)."""
+        if not self.hidden_layers:
+            raise ValueError("read needs a torch target built with hidden layers")
+        start = self._lengths.get(seq, 0)
+        self.forward([(seq, tokens)])
+        return self._hidden[seq].since(start, self._lengths[seq]), self._final
 
     def passes(self, calls: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """One pass per sequence (`forward` feeds them one after another), one per token in
