@@ -166,7 +166,7 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
 
 
 def _load_models(
-    a: argparse.Namespace, need_draft: bool, max_sequences: int = 1, hidden: bool = False
+    a: argparse.Namespace, need_draft: bool, max_sequences: int = 1, hidden: bool | tuple = False
 ):
     """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair).
     max_sequences: sequences decoded at once (1 for a command that runs one request at a time);
@@ -1074,11 +1074,42 @@ def _heads_score(a: argparse.Namespace) -> int:
     return 0
 
 
+def _heads_data(a: argparse.Namespace) -> int:
+    """`specwise heads data`: the eagle drafter's training data for the target, resumable."""
+    from specwise import teacher
+    from specwise.backends import model_layers, resolve_model
+    from specwise.drafters.eagle import data_path, layers_for
+
+    if a.positions < 1 or not 0.0 <= a.answers <= 1.0 or a.sequences < 1:
+        raise UsageError(
+            f"--positions {a.positions}, --answers {a.answers}, --sequences {a.sequences}: "
+            "use --positions >= 1, --answers a share 0..1 and --sequences >= 1"
+        )
+    if a.minutes is not None and not a.minutes > 0:
+        raise UsageError(f"--minutes {a.minutes} is invalid; use a number > 0")
+    _apply_pair(a)
+    model = resolve_model(a.target)
+    layers = layers_for(model_layers(model))
+    a.backend = "ik_llama" if a.backend == "auto" and not model.is_dir() else a.backend
+    target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=layers)
+    folder = data_path(model, layers)
+    got = teacher.collect(target, folder, a.positions, a.answers, a.minutes, a.sequences)
+    for kind, k in got["kinds"].items():
+        print(f"{kind}: {k['positions']} positions in {k['seconds']:.0f} s "
+              f"({k['positions_per_s']} positions/s)")
+    print("by source: " + ", ".join(f"{s} {n}" for s, n in sorted(got["sources"].items())))
+    print(f"specwise: {folder} holds {sum(k['positions'] for k in got['kinds'].values())} "
+          f"positions ({got['held_out_positions']} held out)")
+    return 0
+
+
 def cmd_heads(a: argparse.Namespace) -> int:
     from specwise import distill
 
     if a.heads_command == "score":
         return _heads_score(a)
+    if a.heads_command == "data":
+        return _heads_data(a)
     if not a.minutes > 0 or a.heads < 1 or a.vocab < 16 or a.sequences < 1:
         raise UsageError(
             "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
@@ -1531,6 +1562,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--vocab", type=int, default=2048, help="tokens the heads can name, most frequent (2048)"
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
+    hd = hsub.add_parser(
+        "data",
+        help="training data for the eagle drafter at prefill speed: the target reads the local "
+        "corpus (teacher forcing) and answers prompts; resumable, kept in $SPECWISE_HOME",
+    )
+    _heads_target_args(hd)
+    hd.add_argument(
+        "--positions", type=int, default=1_000_000, help="positions to hold in all (1000000)"
+    )
+    hd.add_argument(
+        "--answers", type=float, default=0.3,
+        help="share of the positions the target answers by decoding, the rest read (0.3)",
+    )
+    hd.add_argument("--minutes", type=float, help="stop after this long (default: no limit)")
+    hd.add_argument("--sequences", type=int, default=8, help="answers decoded at once (8)")
     hs = hsub.add_parser(
         "score",
         help="how often trained networks' argmax is the target's token on the held-out tenth "

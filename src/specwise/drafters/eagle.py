@@ -38,6 +38,7 @@ from specwise.drafters.heads import (
     check_target,
     check_vocab,
     draw,
+    heads_path,
     load_state,
     save_state,
     vocab_index,
@@ -48,6 +49,17 @@ __all__ = ["FORMAT", "EagleDrafter", "Layer"]
 
 FORMAT = 1  # the file's layout version
 ATTENTION_HEADS = 8
+
+
+def layers_for(n_layers: int) -> tuple[int, int, int]:
+    """The target layers whose outputs the layer reads: a low, a middle and a high one (as
+    EAGLE-3: the second, the middle, the third from the top)."""
+    return (1, n_layers // 2 - 1, n_layers - 3)
+
+
+def data_path(model: str | Path, layers: Sequence[int]) -> Path:
+    """Where the layer's training data for `model`, read at `layers`, lives (`teacher`)."""
+    return heads_path(model) / ("data-" + "-".join(map(str, layers)))
 
 
 class Layer:

@@ -1,0 +1,448 @@
+"""The target as teacher: the data a drafter on the target's layer states learns from, made
+two ways and kept in shards that a stopped run resumes from.
+
+- **read** (`read`, teacher forcing): the target reads chunks of the local corpus
+  (`specwise.corpus`), each framed as the answer of a chat turn, in forwards of up to n_batch
+  tokens that compute no logits (`LM.read`: the graph stops at the final norm); the target's
+  distribution at each position is its final state times the output rows of the label
+  vocabulary (`LABEL_VOCAB`), computed here.
+- **answer** (`answer`, decoding): the target answers prompts (`corpus.prompts`), several
+  sequences a forward, greedily for even prompts and at temperature 0.7 for odd ones; its
+  distribution at each position is its own softmax.
+
+At every position t of a sequence a shard keeps the layer states s_t (float16 [n, S], S =
+layers x width), the token x_t, the target's top `K` ids and probabilities for x_{t+1}, whether
+that label is trained on (`train`: positions of the answer, not of the prompt; the last
+position of a sequence has no next token and is not), and the target's argmax over its whole
+vocabulary where it is known (`top1`, answers; -1 elsewhere). (A layer drafting at t reads s_t
+and x_{t+1} and learns the label of t+1.) Each sequence's source, document
+and held-out flag (`corpus.held_out`) are in the shard's `meta.json`. `Data` memory-maps the
+shards of a folder (a million positions are ~9 GB of states).
+
+This module measures data rates (positions per second of each way, `Writer.rate`), not speed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specwise.backends.base import LM, new_sequence
+from specwise.sampling import Sampler, SamplingParams, warp
+
+__all__ = [
+    "KINDS",
+    "LABEL_VOCAB",
+    "SAMPLED",
+    "Data",
+    "K",
+    "Writer",
+    "answer",
+    "label_ids",
+    "read",
+]
+
+K = 8  # target probabilities kept per position
+LABEL_VOCAB = 32768  # the label vocabulary: ids below this (a BPE's most frequent), + specials
+SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
+KINDS = ("read", "answer")
+SHARD_POSITIONS = 16384  # positions a shard holds before it is written
+
+
+def label_ids(target: LM) -> np.ndarray:
+    """The ids whose probabilities `read` computes: those below LABEL_VOCAB and every end of
+    text id (a chat template's end of turn among them)."""
+    n = min(LABEL_VOCAB, target.vocab_size)
+    extra = sorted(i for i in target.eos_token_ids if i >= n)
+    return np.array([*range(n), *extra], dtype=np.int64)
+
+
+def _top(probs: np.ndarray, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The top K of each row of probabilities [n, V] (as target ids: `ids[j]` for column j
+    when given), most likely first: (ids int32 [n, K], probabilities float16 [n, K])."""
+    k = min(K, probs.shape[1])
+    col = np.argpartition(probs, -k, axis=1)[:, -k:]
+    order = np.argsort(-np.take_along_axis(probs, col, axis=1), axis=1, kind="stable")
+    col = np.take_along_axis(col, order, axis=1)
+    p = np.take_along_axis(probs, col, axis=1)
+    if k < K:
+        col = np.concatenate([col, np.repeat(col[:, :1], K - k, axis=1)], axis=1)
+        p = np.concatenate([p, np.zeros((len(p), K - k), p.dtype)], axis=1)
+    out = col if ids is None else ids[col]
+    return out.astype(np.int32), p.astype(np.float16)
+
+
+@dataclass
+class _Seq:
+    meta: dict
+    states: list[np.ndarray] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    label_ids: list[np.ndarray] = field(default_factory=list)
+    label_probs: list[np.ndarray] = field(default_factory=list)
+    train: list[np.ndarray] = field(default_factory=list)
+    top1: list[np.ndarray] = field(default_factory=list)
+
+
+class Writer:
+    """Writer(folder): appends finished sequences of each kind and writes them as shards
+    `<kind>-NNNNN/` of about SHARD_POSITIONS positions (atomically: a shard is a folder renamed
+    into place), keeping the folder's `progress.json`: per kind, the digests of what was taken
+    (chunks, prompts), the positions written and the seconds spent."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "progress.json"
+        self.state = json.loads(path.read_text()) if path.exists() else {}
+        for kind in KINDS:
+            self.state.setdefault(kind, {"done": [], "seconds": 0.0, "positions": 0})
+        self._done = {k: set(self.state[k]["done"]) for k in KINDS}
+        self._pending: dict[str, list[_Seq]] = {k: [] for k in KINDS}
+
+    def done(self, kind: str, key: str) -> bool:
+        return key in self._done[kind]
+
+    def mark(self, kind: str, key: str) -> None:
+        """`key` (a chunk's or a prompt's digest) was taken: never again, finished or not."""
+        if key not in self._done[kind]:
+            self._done[kind].add(key)
+            self.state[kind]["done"].append(key)
+
+    def add(self, kind: str, seq: _Seq) -> None:
+        self._pending[kind].append(seq)
+        if sum(len(s.tokens) for s in self._pending[kind]) >= SHARD_POSITIONS:
+            self.flush()
+
+    def positions(self, kind: str | None = None) -> int:
+        """Positions written and pending, of one kind or of all."""
+        kinds = KINDS if kind is None else (kind,)
+        return sum(
+            self.state[k]["positions"] + sum(len(s.tokens) for s in self._pending[k])
+            for k in kinds
+        )
+
+    def spend(self, kind: str, seconds: float) -> None:
+        self.state[kind]["seconds"] += seconds
+
+    def rate(self, kind: str) -> float:
+        """Positions per second of a kind, as spent (`spend`)."""
+        seconds = self.state[kind]["seconds"]
+        return self.positions(kind) / seconds if seconds > 0 else 0.0
+
+    def flush(self) -> None:
+        for kind, pending in self._pending.items():
+            if pending:
+                self._write(kind, pending)
+                self.state[kind]["positions"] += sum(len(s.tokens) for s in pending)
+                pending.clear()
+        path = self.folder / "progress.json"
+        part = path.with_suffix(".partial")
+        part.write_text(json.dumps(self.state))
+        part.replace(path)
+
+    def _write(self, kind: str, pending: list[_Seq]) -> None:
+        n = len(list(self.folder.glob(f"{kind}-?????")))
+        tmp = self.folder / f"{kind}-{n:05d}.partial"
+        tmp.mkdir(exist_ok=True)
+        cat = {
+            "states": [np.concatenate(s.states).astype(np.float16) for s in pending],
+            "tokens": [np.asarray(s.tokens, np.int32) for s in pending],
+            "label_ids": [np.concatenate(s.label_ids) for s in pending],
+            "label_probs": [np.concatenate(s.label_probs) for s in pending],
+            "train": [np.concatenate(s.train) for s in pending],
+            "top1": [np.concatenate(s.top1).astype(np.int32) for s in pending],
+        }
+        for name, parts in cat.items():
+            np.save(tmp / f"{name}.npy", np.concatenate(parts))
+        metas = [{**s.meta, "length": len(s.tokens)} for s in pending]
+        (tmp / "meta.json").write_text(json.dumps(metas))
+        tmp.replace(self.folder / f"{kind}-{n:05d}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _labels(final: np.ndarray, rows: np.ndarray, ids: np.ndarray):
+    """The target's distribution over `ids` from final states [n, d] and their output rows
+    `rows` [len(ids), d] (torch, float32): top K (ids, probabilities)."""
+    import torch
+
+    with torch.inference_mode():
+        logits = torch.from_numpy(np.ascontiguousarray(final, np.float32)) @ rows.T
+        probs = torch.softmax(logits, dim=-1)
+        p, col = torch.topk(probs, K, dim=-1)
+    return ids[col.numpy()].astype(np.int32), p.numpy().astype(np.float16)
+
+
+def read(
+    target: LM,
+    chunks: Iterator,
+    writer: Writer,
+    until: Callable[[], bool],
+    rows: np.ndarray,
+    ids: np.ndarray,
+    on_sequence: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Teacher forcing: the target reads `chunks` (`corpus.Chunk`s; those the writer has done
+    skipped) one sequence at a time until `until()` says stop, each as [its chat framing] +
+    [its text] + [end of turn]; `rows` [len(ids), d] (torch): the output rows of label ids
+    `ids`. Positions of the framing are kept (the layer reads them) but not trained on."""
+    tok = target.tokenizer
+    end = _end_of_turn(target)
+    for chunk in chunks:
+        if until():
+            return
+        key = _digest(f"{chunk.document.source}:{chunk.document.name}:{chunk.index}")
+        if writer.done("read", key):
+            continue
+        writer.mark("read", key)
+        head = tok.render_chat(chunk.messages())
+        body = tok.encode(chunk.text, add_special=False)
+        tokens = [*head, *body, end][: target.context_length]
+        t = time.perf_counter()
+        seq = new_sequence(target)
+        try:
+            states, final = target.read(seq, tokens)
+        finally:
+            target.release(seq)
+        lab_ids, lab_p = _labels(final, rows, ids)
+        train = np.zeros(len(tokens), bool)
+        train[len(head) - 1 : len(tokens) - 1] = True  # labels of the answer's tokens
+        doc = chunk.document
+        meta = {"kind": "read", "source": doc.source, "name": doc.name, "chunk": chunk.index,
+                "held_out": chunk.held_out}
+        writer.add("read", _Seq(meta, [states], tokens, [lab_ids], [lab_p], [train],
+                                [np.full(len(tokens), -1)]))
+        writer.spend("read", time.perf_counter() - t)
+        on_sequence(len(tokens))
+
+
+def _end_of_turn(target: LM) -> int:
+    """The chat template's end-of-turn token (the end of an answer)."""
+    tok = target.tokenizer
+    for text in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>"):
+        got = tok.encode(text, add_special=False)
+        if len(got) == 1 and got[0] in target.eos_token_ids:
+            return got[0]
+    return min(target.eos_token_ids)
+
+
+def answer(
+    target: LM,
+    prompts: Sequence[str],
+    writer: Writer,
+    until: Callable[[], bool],
+    sequences: int = 8,
+    max_tokens: int = 320,
+    on_sequence: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Decoding: the target answers `prompts` (those the writer has done skipped) `sequences`
+    at a time until `until()` says stop; a prompt's answer is greedy for even prompts, at
+    temperature 0.7 for odd ones (seeded by its index). Answers unfinished at the stop are
+    dropped (their prompts are not asked again)."""
+    tok = target.tokenizer
+    todo = [i for i, p in enumerate(prompts) if not writer.done("answer", _digest(p))]
+    live: dict[int, dict] = {}
+
+    def finish(seq: int) -> None:
+        s = live.pop(seq)
+        n = len(s["tokens"])
+        states = target.hiddens(seq, 0)
+        target.release(seq)
+        if states is None or len(states) < n - 1:
+            return
+        # the last token was emitted, never fed: its state (and its label) do not exist
+        tokens = s["tokens"][:-1] if len(states) < n else s["tokens"]
+        m = len(tokens)
+        lab_ids = np.zeros((m, K), np.int32)
+        lab_p = np.zeros((m, K), np.float16)
+        top1 = np.full(m, -1)
+        first = s["prompt"] - 1  # the prompt's last position predicted the answer's first
+        for j, (ids_, p_, t1) in enumerate(s["labels"][: m - first]):
+            lab_ids[first + j], lab_p[first + j], top1[first + j] = ids_, p_, t1
+        train = np.zeros(m, bool)
+        train[first:m] = True
+        meta = {"kind": "answer", "source": "answers", "name": f"prompt-{s['i']}",
+                "held_out": s["i"] % 20 == 19, "greedy": s["i"] % 2 == 0}
+        writer.add("answer", _Seq(meta, [states[:m]], tokens, [lab_ids], [lab_p], [train], [top1]))
+        on_sequence(m)
+
+    def emit(seq: int, row: np.ndarray) -> None:
+        s = live[seq]
+        p = warp(row, SamplingParams(temperature=1.0))
+        ids_, p_ = _top(p[None])
+        greedy = s["i"] % 2 == 0
+        x = int(np.argmax(row)) if greedy else s["sampler"].categorical(warp(row, SAMPLED))
+        s["labels"].append((ids_[0], p_[0], int(np.argmax(row))))
+        s["tokens"].append(x)
+        if x in target.eos_token_ids or len(s["tokens"]) - s["prompt"] >= max_tokens:
+            finish(seq)
+
+    try:
+        while (live or todo) and not until():
+            while len(live) < sequences and todo:
+                i = todo.pop(0)
+                writer.mark("answer", _digest(prompts[i]))
+                seq = new_sequence(target)
+                ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
+                ids = ids[: target.context_length - max_tokens - 1]
+                row = target.forward([(seq, ids)], last_only=True)[0][-1]
+                live[seq] = {"i": i, "sampler": Sampler(i), "tokens": list(ids),
+                             "prompt": len(ids), "labels": []}
+                emit(seq, row)
+            if live:
+                t = time.perf_counter()
+                seqs = list(live)
+                out = target.forward([(q, [live[q]["tokens"][-1]]) for q in seqs])
+                for q, r in zip(seqs, out, strict=True):
+                    emit(q, r[-1])
+                writer.spend("answer", time.perf_counter() - t)
+    finally:
+        for q in list(live):
+            target.release(q)
+
+
+def collect(
+    target: LM,
+    folder: Path,
+    positions: int,
+    answers: float = 0.3,
+    minutes: float | None = None,
+    sequences: int = 8,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict:
+    """Make data in `folder` until it holds `positions` positions, `answers` of them answered
+    and the rest read, or until `minutes` have passed: a batch of `sequences` prompts answered
+    whenever the answers fall behind their share, chunks read otherwise. Resumes where an
+    earlier call stopped (each writer skips what it did). Returns `summary(folder)`."""
+    from specwise import corpus
+    from specwise.distill import unembedding
+
+    if not target.hidden_layers:
+        raise ValueError("making data needs a target built with hidden layers")
+    if not 0.0 <= answers <= 1.0:
+        raise ValueError(f"answers = {answers} is invalid; use a share 0..1")
+    import torch
+
+    tok = target.tokenizer
+    ids = label_ids(target)
+    got = unembedding(target, ids)
+    if got is None:
+        raise ValueError(f"the output layer of {target.info.model} cannot be read")
+    rows = torch.from_numpy(got)
+    writer = Writer(folder)
+    chunks = corpus.chunks(
+        corpus.mix(),
+        lambda text: len(tok.encode(text, add_special=False)),
+        corpus.bench_shingles(),
+    )
+    asks = corpus.prompts(20000)
+    deadline = None if minutes is None else time.monotonic() + minutes * 60.0
+
+    def stop() -> bool:
+        late = deadline is not None and time.monotonic() >= deadline
+        return late or writer.positions() >= positions
+
+    def behind() -> bool:  # the answers are short of their share
+        return writer.positions("answer") < answers * writer.positions()
+
+    def read_enough() -> bool:
+        return stop() or (answers > 0 and behind())
+
+    bar = progress_bar(positions, "teacher data")
+    bar.update(min(positions, writer.positions()))
+
+    def moved(n: int) -> None:
+        bar.update(max(0, min(positions, writer.positions()) - bar.n))
+        bar.set_postfix(read=f"{writer.rate('read'):.0f}/s", answer=f"{writer.rate('answer'):.0f}/s")
+
+    try:
+        while not stop():
+            if behind() and answers > 0:
+                todo = [p for p in asks if not writer.done("answer", _digest(p))][:sequences]
+                if not todo:
+                    answers = 0.0  # the asks ran out: read from here on
+                    continue
+                answer(target, todo, writer, lambda: False, sequences, on_sequence=moved)
+                continue
+            before = writer.positions("read")
+            read(target, chunks, writer, read_enough, rows, ids, on_sequence=moved)
+            if writer.positions("read") == before and not stop() and not behind():
+                if answers in (0.0, 1.0):
+                    break  # the corpus ran out
+                answers = 1.0
+    finally:
+        writer.flush()
+        bar.close()
+    return summary(folder)
+
+
+def summary(folder: Path) -> dict:
+    """What `folder` holds: positions and seconds per kind (positions/s), positions by source,
+    and how many are held out."""
+    state = json.loads((folder / "progress.json").read_text()) if (
+        folder / "progress.json").exists() else {}
+    by_source: dict[str, int] = {}
+    held = 0
+    for shard in sorted(folder.glob("*-?????")):
+        for m in json.loads((shard / "meta.json").read_text()):
+            by_source[m["source"]] = by_source.get(m["source"], 0) + m["length"]
+            held += m["length"] if m.get("held_out") else 0
+    kinds = {
+        k: {"positions": int(s.get("positions", 0)), "seconds": round(s.get("seconds", 0.0), 1),
+            "positions_per_s": round(s["positions"] / s["seconds"], 1) if s.get("seconds") else 0.0}
+        for k, s in state.items()
+    }
+    return {"kinds": kinds, "sources": by_source, "held_out_positions": held}
+
+
+class Data:
+    """Data(folder, kinds=KINDS): the shards of a folder, memory-mapped, as one sequence of
+    positions: `states` [n, S] (a lazy concatenation: index it with sorted rows or a slice
+    within a sequence), `tokens`, `label_ids`, `label_probs`, `train`, `top1` [n], and the
+    sequences (`starts`, `lengths`, `meta`)."""
+
+    def __init__(self, folder: Path, kinds: Sequence[str] = KINDS) -> None:
+        shards = sorted(p for k in kinds for p in folder.glob(f"{k}-?????") if p.is_dir())
+        if not shards:
+            raise ValueError(f"{folder} holds no data yet; make some with `specwise heads data`")
+        self._states = [np.load(p / "states.npy", mmap_mode="r") for p in shards]
+        load = lambda name: np.concatenate([np.load(p / f"{name}.npy") for p in shards])  # noqa: E731
+        self.tokens = load("tokens").astype(np.int64)
+        self.label_ids = load("label_ids")
+        self.label_probs = load("label_probs")
+        self.train = load("train")
+        self.top1 = load("top1")
+        self.meta = [m for p in shards for m in json.loads((p / "meta.json").read_text())]
+        self.lengths = np.array([m["length"] for m in self.meta], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self._shard_start = np.concatenate([[0], np.cumsum([len(s) for s in self._states])])
+        self.state_size = self._states[0].shape[1]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def states(self, start: int, end: int) -> np.ndarray:
+        """The states of positions start..end-1 [end - start, S] float16 (within one shard:
+        a sequence never spans two)."""
+        k = int(np.searchsorted(self._shard_start, start, side="right")) - 1
+        base = self._shard_start[k]
+        return np.asarray(self._states[k][start - base : end - base])
+
+    def held_out(self) -> np.ndarray:
+        """[sequences] bool: held out (never trained on)."""
+        return np.array([bool(m.get("held_out")) for m in self.meta])
+
+
+def progress_bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="pos", file=sys.stderr, smoothing=0.05)
