@@ -180,7 +180,7 @@ def test_greedy_equals_plain_across_requests(k):
 
 def test_bench_never_drafts_from_its_own_prompt():
     from specwise.bench.runner import Options, Runner
-    from specwise.bench.workloads import Prompt
+    from specwise.prompts import Prompt
 
     class Tok:
         def render_chat(self, messages):
