@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from specwise import backend_choice, costs
+from specwise import backend_choice
 from specwise.backends import ik_api, ik_llama, load_pair
-from specwise.costs import CostCurve
+from specwise.backends.curves import TRIES, CostCurve
 
 needs_ik = pytest.mark.skipif(not ik_llama.available(), reason=ik_llama.UNAVAILABLE)
 
@@ -254,6 +254,6 @@ def test_a_backend_verdict_from_curves_that_contradict_themselves_is_never_kept(
     kept = list((tmp_path / "backends").iterdir())
     assert len(kept) == 1 and '"94.9' not in kept[0].read_text()
     kept[0].unlink()
-    tries = iter([{"ik_llama": ik, "llama_cpp": busy}] * costs.TRIES)
+    tries = iter([{"ik_llama": ik, "llama_cpp": busy}] * TRIES)
     backend_choice.choose(model)  # used once...
     assert not list((tmp_path / "backends").iterdir())  # ...and not kept

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
+from specwise.backends.curves import CostCurve
 from specwise.controller import Controller
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from specwise.drafters import SuffixDrafter
 from specwise.drafters.suffix_index import MAX_MATCH, LiveIndex, Occurrences, SuffixIndex, chain
 from specwise.oracle import plain_decode

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
+from specwise.backends.curves import CostCurve, measure_curves
 from specwise.backends.ik_api import LIBRARY_ENV, WHEEL, WHEEL_VERSION
 from specwise.machine import cpu_key, native_flags
 from specwise.models import home, save_json
@@ -95,8 +96,6 @@ def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> di
     each in child processes (`measure(which, target)` -> {n: ms}; by default `_child_curve`),
     alternating, medians over the rounds; decide, save and return the verdict. A library
     whose children fail is not chosen (both failing raises BuildError)."""
-    from specwise.costs import CostCurve
-
     stream = stream or sys.stderr
     if find() is None:
         raise BuildError("there is no native build to compare: run `make native`")
@@ -179,7 +178,6 @@ def _curve_here(target: Path) -> dict[int, float]:
     the shape the backend choice measures it (one sequence, flash attention where it runs)."""
     from specwise.backend_choice import PLAIN_REPEATS, REPEATS
     from specwise.backends.ik_llama import IkLlamaLM, usable_flash_attn
-    from specwise.costs import measure_curves
 
     flash = usable_flash_attn(target, batched=False)
     if flash is None:
