@@ -72,9 +72,7 @@ def test_a_shifted_field_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_missing_library_is_one_clear_error(monkeypatch):
-    from specwise.backends import ik_native
-
-    monkeypatch.setattr(ik_native, "find", lambda: None)  # no native build here either
+    monkeypatch.setattr(ik_api, "find", lambda: None)  # no native build here either
     monkeypatch.setattr(ik_api.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ik_api.IkLibraryError, match=r"needs the ik-llama-cpp-python==0\.1\.5"):
         ik_api.library_path()

@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import median
 
 from specwise.backend_choice import decide, measure_backends, open_backends
-from specwise.backends import ik_api, ik_native
+from specwise.backends import ik_api
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
@@ -71,8 +71,8 @@ def compare_backends(
         }
     return {
         "ik_library": library,
-        "ik_native": ik_native.find() == Path(library),
-        "ik_native_verdict": (ik_native.verdict() or {}).get("reason"),
+        "ik_native": ik_api.find() == Path(library),
+        "ik_native_verdict": (ik_api.verdict() or {}).get("reason"),
         "curves": {b: c.ms for b, c in curves.items()},
         "choice": choice,
         "reason": reason,
