@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from specwise import backend_choice
+from specwise.backends import choice as backend_choice
 from specwise.backends import ik_api, ik_llama, load_pair
 from specwise.backends.curves import TRIES, CostCurve
 

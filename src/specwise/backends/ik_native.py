@@ -16,8 +16,8 @@ A native build is not faster everywhere (on Zen 3 it measured the same as the wh
 (one process loads one ik_llama.cpp library: both are libllama.so and libggml.so), the children
 alternating for `ROUNDS` rounds. Children seconds apart see this machine's speed drift by more
 than the libraries' plain steps differ, so a plain step is faster only where it was faster
-(by more than `backend_choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
-and the speculation each enables decides (`backend_choice.spec_goodput`, as the backend choice
+(by more than `choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
+and the speculation each enables decides (`choice.spec_goodput`, as the backend choice
 breaks its ties). The verdict is kept beside the build (`choice.json`). `ik_api.find()` returns
 this machine's build, or None; `ik_api.preferred()` returns it only where the verdict says it is
 faster; `ik_api.library_path` loads that one, else the wheel's, and every verdict keyed by the
@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
+from specwise.backends.choice import PLAIN_REPEATS, PLAIN_TIE, REPEATS, SPEC_ALPHA, spec_goodput
 from specwise.backends.curves import CostCurve, measure_curves
 from specwise.backends.ik_api import (
     CHOICE,
@@ -116,8 +117,6 @@ def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> di
 
 def _decide(curves: dict, ratios: list[float]) -> tuple[str, str]:
     """(library, reason) from the median curves and each round's native/wheel plain step."""
-    from specwise.backend_choice import PLAIN_TIE, SPEC_ALPHA, spec_goodput
-
     if all(r > 1 + PLAIN_TIE for r in ratios):
         library, why = "wheel", "its plain step was faster in every round"
     elif all(r < 1 - PLAIN_TIE for r in ratios):
@@ -152,7 +151,6 @@ def _child_curve(which: str, target: Path) -> dict[int, float]:
 def _curve_here(target: Path) -> dict[int, float]:
     """The child's side: the cost curve of `target` on the library this process loads, in
     the shape the backend choice measures it (one sequence, flash attention where it runs)."""
-    from specwise.backend_choice import PLAIN_REPEATS, REPEATS
     from specwise.backends.ik_llama import IkLlamaLM, usable_flash_attn
 
     flash = usable_flash_attn(target, batched=False)
