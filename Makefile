@@ -69,8 +69,11 @@ browser:
 	else echo "install Debian's chromium (as root: apt-get install chromium) for the browser tests"; \
 	exit 1; fi
 
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]: the layers of
+# docs/ARCHITECTURE.md, no circles): an import that bends a layer fails, named.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache

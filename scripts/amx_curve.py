@@ -8,8 +8,8 @@ Usage: python scripts/amx_curve.py auto|on|off [--model qwen2.5-coder-1.5b-instr
 import argparse
 
 from specwise.backends import resolve_model
+from specwise.backends.curves import measure_curve
 from specwise.backends.llama_cpp import LlamaCppLM, build_has_amx
-from specwise.costs import measure_curve
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("buffers", choices=["auto", "on", "off"])

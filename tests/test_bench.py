@@ -10,14 +10,9 @@ import pytest
 from specwise.bench.report import against_hindsight, build
 from specwise.bench.runner import Options, Runner
 from specwise.bench.session import pick
-from specwise.bench.workloads import (
-    CATEGORIES,
-    WorkloadError,
-    builtin,
-    interleaved,
-    load_jsonl,
-)
+from specwise.bench.workloads import builtin, interleaved
 from specwise.cli import main
+from specwise.prompts import CATEGORIES, WorkloadError, load_jsonl
 from toy import ToyLM
 
 

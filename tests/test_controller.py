@@ -12,6 +12,7 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.acceptance import expected_tokens
+from specwise.backends.curves import CostCurve
 from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
 from specwise.controller import (
@@ -26,7 +27,7 @@ from specwise.controller import (
     Plan,
     alignment,
 )
-from specwise.costs import CostCurve, CostModel, measure_costs
+from specwise.costs import CostModel, measure_costs
 from specwise.drafters import Draft, ModelDrafter, NgramDrafter
 from specwise.oracle import plain_decode
 from toy import StubDrafter, ToyLM, tiny_llama

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from specwise.backends.curves import CostCurve
 from specwise.backends.llama_cpp import LlamaCppLM, equal_passes
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from toy import ToyLM
 
 
@@ -81,8 +82,10 @@ def test_interleaved_curves_take_turns_and_a_drifting_machine_falls_on_both(monk
     """Two LMs of the same cost on a machine slowing down call by call: measured interleaved
     (each size on both in turn, who goes first alternating), their curves agree; the
     calibration sequences are gone after."""
-    from specwise import costs
+    import time
+
     from specwise.backends.base import Reserved
+    from specwise.backends.curves import measure_curves
 
     clock = {"now": 0.0, "calls": 0}
     order: list[tuple[str, int]] = []
@@ -99,9 +102,9 @@ def test_interleaved_curves_take_turns_and_a_drifting_machine_falls_on_both(monk
             order.append((self.name, n))
             return super().forward(batch, last_only, rows, trees)
 
-    monkeypatch.setattr(costs.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
     lms = {"a": Timed("a"), "b": Timed("b")}
-    curves = costs.measure_curves(lms, sizes=[1, 4], repeats=3, context=32, plain_repeats=4)
+    curves = measure_curves(lms, sizes=[1, 4], repeats=3, context=32, plain_repeats=4)
     timed = order[4:]  # after each LM's prefill and warm-up
     assert [name for name, n in timed if n == 1] == list("abbaabbaabbaab")
     assert [name for name, n in timed if n == 4] == list("abbaab")
@@ -144,6 +147,7 @@ def test_sizes_not_seen_since_the_curve_was_measured_move_with_the_plain_step():
 
 def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_path, monkeypatch):
     from specwise import costs
+    from specwise.backends.curves import TRIES
     from specwise.drafters import make_drafters
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
@@ -162,7 +166,7 @@ def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_
     assert costs.calibrated(target, drafters).target.ms == calm.ms  # the third try
     assert CostModel.load(path).target.ms == calm.ms
     CostModel(busy, {"ngram": 0.0}, catch_up_ms_per_token={"ngram": 0.0}).save(path)
-    measured = iter([busy] * costs.TRIES)
+    measured = iter([busy] * TRIES)
     assert costs.calibrated(target, drafters).target.ms == busy.ms  # used, this once
     assert CostModel.load(path).target.ms == busy.ms  # nothing saved: still the bad one...
     measured = iter([calm])

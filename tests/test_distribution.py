@@ -151,8 +151,9 @@ def test_cells_cover_the_joint():
 
 def test_auto_controller_distribution():
     """The controller's choices depend only on the past, so the output stays the target's."""
+    from specwise.backends.curves import CostCurve
     from specwise.controller import Controller
-    from specwise.costs import CostCurve, CostModel
+    from specwise.costs import CostModel
 
     target, draft = ToyLM(vocab=12, seed=1), ToyLM(vocab=12, seed=2)
     drafters = [NgramDrafter(), ModelDrafter(draft)]
@@ -168,9 +169,10 @@ def test_aligned_batch_distribution():
     """A batch aligned to one length (drafts padded with filler the engine never verifies)
     still emits the target's distribution (the request beside it brings filler wherever it
     has no n-gram offer of that length)."""
+    from specwise.backends.curves import CostCurve
     from specwise.backends.llama_cpp import equal_passes
     from specwise.controller import Controller
-    from specwise.costs import CostCurve, CostModel
+    from specwise.costs import CostModel
 
     class Split(ToyLM):
         def passes(self, calls):

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from specwise import backend_choice, costs
+from specwise.backends import choice as backend_choice
 from specwise.backends import ik_api, ik_llama, load_pair
-from specwise.costs import CostCurve
+from specwise.backends.curves import TRIES, CostCurve
 
 needs_ik = pytest.mark.skipif(not ik_llama.available(), reason=ik_llama.UNAVAILABLE)
 
@@ -72,9 +72,7 @@ def test_a_shifted_field_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_missing_library_is_one_clear_error(monkeypatch):
-    from specwise.backends import ik_native
-
-    monkeypatch.setattr(ik_native, "find", lambda: None)  # no native build here either
+    monkeypatch.setattr(ik_api, "find", lambda: None)  # no native build here either
     monkeypatch.setattr(ik_api.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ik_api.IkLibraryError, match=r"needs the ik-llama-cpp-python==0\.1\.5"):
         ik_api.library_path()
@@ -254,6 +252,6 @@ def test_a_backend_verdict_from_curves_that_contradict_themselves_is_never_kept(
     kept = list((tmp_path / "backends").iterdir())
     assert len(kept) == 1 and '"94.9' not in kept[0].read_text()
     kept[0].unlink()
-    tries = iter([{"ik_llama": ik, "llama_cpp": busy}] * costs.TRIES)
+    tries = iter([{"ik_llama": ik, "llama_cpp": busy}] * TRIES)
     backend_choice.choose(model)  # used once...
     assert not list((tmp_path / "backends").iterdir())  # ...and not kept

@@ -244,7 +244,7 @@ def test_bench_backend_names_the_ik_library_it_measured():
 def test_a_forced_library_that_cannot_be_had_is_a_usage_error(home, monkeypatch):
     """Not "ik_llama.cpp is missing": `--backend auto` must not quietly measure, choose and
     cache mainline because of a typo in $SPECWISE_IK_LIBRARY."""
-    from specwise import backend_choice
+    from specwise.backends import choice as backend_choice
     from specwise.cli import main
 
     _fake_libraries(home, monkeypatch)

@@ -17,12 +17,11 @@ from specwise.bench.load import (
     _progress,
     _steady,
     _tokens_by,
-    alone_check,
-    near_ties,
     slo_breaks,
     soak_checks,
     soak_verdict,
 )
+from specwise.bench.ties import alone_check, near_ties
 
 
 def request(sent: float, progress: list[tuple[float, float]]) -> dict:

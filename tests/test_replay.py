@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specwise.backends.curves import CostCurve
 from specwise.bench.replay import (
     Recorded,
     Recording,
@@ -15,7 +16,7 @@ from specwise.bench.replay import (
     speedups,
 )
 from specwise.cli import main
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from specwise.drafters.base import Draft, make_drafters
 from toy import ToyLM
 

@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwise import Engine
+from specwise.backends.curves import CostCurve
 from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.controller import Controller
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from specwise.drafters import ModelDrafter, NgramDrafter, SuffixDrafter
 from specwise.engines.process import free_port
 from specwise.server.app import create_app

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
+from specwise.backends.curves import CostCurve
 from specwise.controller import Controller
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from specwise.drafters import SuffixDrafter
 from specwise.drafters.suffix_index import MAX_MATCH, LiveIndex, Occurrences, SuffixIndex, chain
 from specwise.oracle import plain_decode
@@ -180,7 +181,7 @@ def test_greedy_equals_plain_across_requests(k):
 
 def test_bench_never_drafts_from_its_own_prompt():
     from specwise.bench.runner import Options, Runner
-    from specwise.bench.workloads import Prompt
+    from specwise.prompts import Prompt
 
     class Tok:
         def render_chat(self, messages):

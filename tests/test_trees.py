@@ -10,8 +10,9 @@ import pytest
 
 from specwise import Engine, SamplingParams
 from specwise.acceptance import expected_tokens, positions, reached
+from specwise.backends.curves import CostCurve
 from specwise.controller import Controller
-from specwise.costs import CostCurve, CostModel
+from specwise.costs import CostModel
 from specwise.drafters.base import Draft
 from specwise.drafters.suffix import SuffixDrafter
 from specwise.drafters.suffix_index import Occurrences, chain, tree

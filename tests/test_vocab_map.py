@@ -239,9 +239,10 @@ def test_a_real_pair_with_different_tokenizers_decodes_greedy_as_plain(
 ):
     """Gemma 3 (262k tokens) checked by an exact target, drafted by SmolLM2 (49k tokens): its
     shared tokens, its text, or either as the controller picks."""
+    from specwise.backends.curves import CostCurve
     from specwise.backends.llama_cpp import LlamaCppLM
     from specwise.controller import Controller
-    from specwise.costs import CostCurve, CostModel
+    from specwise.costs import CostModel
 
     target = LlamaCppLM(gemma_path, context_length=512, max_sequences=2, exact=True)
     draft = LlamaCppLM(smollm2_path, context_length=512, max_sequences=2)

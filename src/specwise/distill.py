@@ -100,10 +100,10 @@ def _shingles(text: str) -> set[tuple[str, ...]]:
 
 
 def _bench_shingles() -> set[tuple[str, ...]]:
-    from specwise.bench.workloads import builtin
+    from specwise.prompts import shipped
 
     out: set[tuple[str, ...]] = set()
-    for p in builtin():
+    for p in shipped():
         for turn in p.turns:
             out |= _shingles(turn)
     return out

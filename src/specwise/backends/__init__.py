@@ -1,7 +1,7 @@
 """Model backends, one file each, all behind the `LM` protocol of `base`, and `load`, which picks
 the backend for a model: a Hugging Face folder runs on torch; a .gguf file (or catalog name) on
-the llama.cpp library `specwise.backend_choice` measured fastest on this machine (`auto`), unless
-`backend` names one. Backend modules are imported only when used."""
+the llama.cpp library `choice` measured fastest on this machine (`auto`), unless `backend` names
+one. Backend modules are imported only when used."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def load_pair(
     gguf = [p for p in paths if not p.is_dir()]
     kind = backend
     if backend in (None, "auto") and gguf:
-        from specwise.backend_choice import choose
+        from specwise.backends.choice import choose
 
         kind = choose(*gguf, threads=threads).backend
     flash: dict[Path, bool] = {}

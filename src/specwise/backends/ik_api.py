@@ -1,6 +1,8 @@
 """ctypes declarations of our own for the ik_llama.cpp library that the `ik-llama-cpp-python`
 wheel ships (`ik_llama_cpp/lib/libllama.so`), or that `ik_native` builds for this CPU from the
-same version's source, matching the `llama.h` shipped in the wheel.
+same version's source, matching the `llama.h` shipped in the wheel; and which of the two this
+process loads (`library_path`): the native build where it is installed here (`find`) and
+`ik_native.compare` measured it faster (`verdict`, `preferred`), else the wheel's.
 
 Only what `IkLlamaLM` calls is declared. The three structs passed by value (`llama_batch`,
 `llama_model_params`, `llama_context_params`) must match the header field for field: a wrong
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import os
 from ctypes import (
     POINTER,
@@ -30,12 +33,17 @@ from ctypes import (
 from pathlib import Path
 from types import SimpleNamespace
 
+from specwise.machine import cpu_key
+from specwise.models import home
+
 __all__ = [
     "STRUCTS",
     "IkLibraryError",
     "eval_callback",
+    "find",
     "forced_library",
     "header_path",
+    "install_dir",
     "library_id",
     "library_path",
     "llama_batch",
@@ -43,6 +51,8 @@ __all__ = [
     "llama_model_params",
     "open_ggml",
     "open_library",
+    "preferred",
+    "verdict",
 ]
 
 WHEEL = "ik-llama-cpp-python"
@@ -250,6 +260,40 @@ def _wheel_dir() -> Path:
 
 
 LIBRARY_ENV = "SPECWISE_IK_LIBRARY"  # "wheel" or "native": load that library
+LIBRARIES = ("libllama.so", "libggml.so")  # what is installed; libllama.so needs libggml.so
+CHOICE = "choice.json"  # beside the build: which library `ik_native.compare` measured faster
+
+
+def install_dir() -> Path:
+    """Where `make native` installs this CPU's build (`ik_native.build`)."""
+    return home() / "engines" / "ik_llama" / f"{WHEEL_VERSION}-{cpu_key()}"
+
+
+def find() -> Path | None:
+    """This machine's native libllama.so, or None where `make native` has not built one."""
+    folder = install_dir()
+    if all((folder / name).is_file() for name in LIBRARIES):
+        return folder / LIBRARIES[0]
+    return None
+
+
+def verdict() -> dict | None:
+    """What `ik_native.compare` decided for this machine's build (library, reason, curves,
+    model), or None where it has not run since the build."""
+    try:
+        said = json.loads((install_dir() / CHOICE).read_text())
+        said["curves"] = {w: {int(n): ms for n, ms in c.items()} for w, c in said["curves"].items()}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return said
+
+
+def preferred() -> Path | None:
+    """This machine's native libllama.so where it is built and measured faster than the
+    wheel's (`ik_native.compare`), else None."""
+    found = find()
+    said = verdict() if found is not None else None
+    return found if said is not None and said.get("library") == "native" else None
 
 
 def forced_library() -> str | None:
@@ -257,12 +301,10 @@ def forced_library() -> str | None:
     measured verdict chooses). A value that cannot be honoured is the user's mistake, not a
     missing library: it raises ValueError (one sentence), so that no caller mistakes it for
     "ik_llama.cpp is not here" and quietly runs (and caches) mainline instead."""
-    from specwise.backends import ik_native
-
     forced = os.environ.get(LIBRARY_ENV, "")
     if forced not in ("", "wheel", "native"):
         raise ValueError(f"{LIBRARY_ENV}={forced!r} is invalid; use wheel or native, or unset it")
-    if forced == "native" and ik_native.find() is None:
+    if forced == "native" and find() is None:
         raise ValueError(
             f"{LIBRARY_ENV}=native, but `make native` has built no library for this CPU; run "
             f"it, or unset {LIBRARY_ENV}"
@@ -272,15 +314,13 @@ def forced_library() -> str | None:
 
 def library_path() -> Path:
     """The libllama.so specwise loads: this CPU's native build where `make native` made one
-    and measured it faster than the wheel's (`ik_native.preferred`; built from the same
+    and measured it faster than the wheel's (`preferred`; built from the same
     version's source, so these declarations hold), else the wheel's; $SPECWISE_IK_LIBRARY
     forces one (`forced_library`: ValueError where it cannot). Raises IkLibraryError where the
     wheel's library is not there."""
-    from specwise.backends import ik_native
-
     forced = forced_library()
     if forced != "wheel":
-        native = ik_native.find() if forced == "native" else ik_native.preferred()
+        native = find() if forced == "native" else preferred()
         if native is not None:
             return native
     path = _wheel_dir() / "lib" / "libllama.so"

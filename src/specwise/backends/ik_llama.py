@@ -20,7 +20,7 @@ assertion that aborts the process) rather than raise, and a wrong kernel compute
 without a sign. So before a model first runs on it on a machine, `probe` runs the forwards
 specwise makes in a child process and checks their logits, and caches the verdict by machine,
 library, model and setting. This module decides no backend; `specwise.backends.load_pair` and
-`specwise.backend_choice` do.
+`specwise.backends.choice` do.
 """
 
 from __future__ import annotations

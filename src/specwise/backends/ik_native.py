@@ -1,4 +1,4 @@
-"""ik_llama.cpp compiled for this CPU: `build()` and `find()`.
+"""ik_llama.cpp compiled for this CPU: `build()` and `compare()`.
 
 The `ik-llama-cpp-python` wheel ships an AVX2 build of ik_llama.cpp. On a CPU with more (an
 AVX-512 one), the same source compiled with `-march=native` runs ik's AVX-512 kernels, and its
@@ -16,12 +16,12 @@ A native build is not faster everywhere (on Zen 3 it measured the same as the wh
 (one process loads one ik_llama.cpp library: both are libllama.so and libggml.so), the children
 alternating for `ROUNDS` rounds. Children seconds apart see this machine's speed drift by more
 than the libraries' plain steps differ, so a plain step is faster only where it was faster
-(by more than `backend_choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
-and the speculation each enables decides (`backend_choice.spec_goodput`, as the backend choice
-breaks its ties). The verdict is kept beside the build (`choice.json`). `find()` returns this
-machine's build, or None; `preferred()` returns it only where the verdict says it is faster;
-`ik_api.library_path` loads that one, else the wheel's, and every verdict keyed by the library
-(the probe, the backend choice, the controller's costs) is measured again for it.
+(by more than `choice.PLAIN_TIE`) in every round; otherwise the plain steps are tied
+and the speculation each enables decides (`choice.spec_goodput`, as the backend choice
+breaks its ties). The verdict is kept beside the build (`choice.json`). `ik_api.find()` returns
+this machine's build, or None; `ik_api.preferred()` returns it only where the verdict says it is
+faster; `ik_api.library_path` loads that one, else the wheel's, and every verdict keyed by the
+library (the probe, the backend choice, the controller's costs) is measured again for it.
 `SPECWISE_IK_LIBRARY=wheel|native` forces one. Whether a library computes right is still the
 probe's question.
 """
@@ -39,14 +39,23 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from specwise.backends.ik_api import LIBRARY_ENV, WHEEL, WHEEL_VERSION
-from specwise.machine import cpu_key, native_flags
-from specwise.models import home, save_json
+from specwise.backends.choice import PLAIN_REPEATS, PLAIN_TIE, REPEATS, SPEC_ALPHA, spec_goodput
+from specwise.backends.curves import CostCurve, measure_curves
+from specwise.backends.ik_api import (
+    CHOICE,
+    LIBRARIES,
+    LIBRARY_ENV,
+    WHEEL,
+    WHEEL_VERSION,
+    find,
+    install_dir,
+    verdict,
+)
+from specwise.machine import native_flags
+from specwise.models import save_json
 
-__all__ = ["BuildError", "build", "compare", "find", "install_dir", "preferred", "verdict"]
+__all__ = ["BuildError", "build", "compare"]
 
-LIBRARIES = ("libllama.so", "libggml.so")  # what is installed; libllama.so needs libggml.so
-CHOICE = "choice.json"  # beside the build: which library `compare` measured faster
 ROUNDS = 6  # each library's children in `compare`, alternating
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)  # forward sizes `compare` measures
 _CURVE_TIMEOUT_S = 600
@@ -59,44 +68,11 @@ class BuildError(RuntimeError):
     """The native build failed; the message says where and where its log is."""
 
 
-def install_dir() -> Path:
-    return home() / "engines" / "ik_llama" / f"{WHEEL_VERSION}-{cpu_key()}"
-
-
-def find() -> Path | None:
-    """This machine's native libllama.so, or None where `make native` has not built one."""
-    folder = install_dir()
-    if all((folder / name).is_file() for name in LIBRARIES):
-        return folder / LIBRARIES[0]
-    return None
-
-
-def verdict() -> dict | None:
-    """What `compare` decided for this machine's build (library, reason, curves, model), or
-    None where it has not run since the build."""
-    try:
-        said = json.loads((install_dir() / CHOICE).read_text())
-        said["curves"] = {w: {int(n): ms for n, ms in c.items()} for w, c in said["curves"].items()}
-    except (OSError, ValueError, KeyError, AttributeError):
-        return None
-    return said
-
-
-def preferred() -> Path | None:
-    """This machine's native libllama.so where it is built and measured faster than the
-    wheel's (`compare`), else None."""
-    found = find()
-    said = verdict() if found is not None else None
-    return found if said is not None and said.get("library") == "native" else None
-
-
 def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> dict:
     """Measure the wheel's and the native library's cost curves for `target` (a GGUF file),
     each in child processes (`measure(which, target)` -> {n: ms}; by default `_child_curve`),
     alternating, medians over the rounds; decide, save and return the verdict. A library
     whose children fail is not chosen (both failing raises BuildError)."""
-    from specwise.costs import CostCurve
-
     stream = stream or sys.stderr
     if find() is None:
         raise BuildError("there is no native build to compare: run `make native`")
@@ -141,8 +117,6 @@ def compare(target: Path, rounds: int = ROUNDS, measure=None, stream=None) -> di
 
 def _decide(curves: dict, ratios: list[float]) -> tuple[str, str]:
     """(library, reason) from the median curves and each round's native/wheel plain step."""
-    from specwise.backend_choice import PLAIN_TIE, SPEC_ALPHA, spec_goodput
-
     if all(r > 1 + PLAIN_TIE for r in ratios):
         library, why = "wheel", "its plain step was faster in every round"
     elif all(r < 1 - PLAIN_TIE for r in ratios):
@@ -177,9 +151,7 @@ def _child_curve(which: str, target: Path) -> dict[int, float]:
 def _curve_here(target: Path) -> dict[int, float]:
     """The child's side: the cost curve of `target` on the library this process loads, in
     the shape the backend choice measures it (one sequence, flash attention where it runs)."""
-    from specwise.backend_choice import PLAIN_REPEATS, REPEATS
     from specwise.backends.ik_llama import IkLlamaLM, usable_flash_attn
-    from specwise.costs import measure_curves
 
     flash = usable_flash_attn(target, batched=False)
     if flash is None:

@@ -34,9 +34,10 @@ from specwise import engine as engine_mod
 from specwise import sampling as sampling_mod
 from specwise.backends import GGUF_BACKENDS
 from specwise.backends.base import LM
+from specwise.backends.curves import measure_curve
 from specwise.bench.runner import NEAR_TIE_FACTOR, greedy_divergence, numeric_noise
 from specwise.bench.session import default_out
-from specwise.costs import CostModel, measure_curve
+from specwise.costs import CostModel
 from specwise.detok import Detokenizer
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine

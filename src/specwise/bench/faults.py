@@ -41,6 +41,8 @@ from typing import Any
 
 import httpx
 
+from specwise.bench.ties import alone_check, near_ties
+
 __all__ = ["FAULTS", "client_for", "error_problem", "limits", "run_faults"]
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -486,8 +488,7 @@ def unknown_fields(client: httpx.Client, rng: random.Random):
     they change nothing (specwise ignores unknown fields): the greedy answer is the same as
     without them, or (outside exact mode, where other load batched with each request differs)
     parts from it only at a near-tie, judged by the two answers' log-probabilities as a soak
-    judges its answers (`bench.load.alone_check`)."""
-    from specwise.bench.load import alone_check, near_ties
+    judges its answers (`bench.ties.alone_check`)."""
     from specwise.bench.runner import NEAR_TIE_FACTOR
 
     prompt = rng.choice(["Name three colours.", "Say hello in French.", "What is 2 + 2?"])

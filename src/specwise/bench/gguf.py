@@ -3,7 +3,7 @@ ik_llama.cpp load the same target file and are measured interleaved in one proce
 
 1. their cost curves (a forward of n = 1..16 tokens, medians of repeats that alternate between
    the backends), as ms and as multiples of *mainline's* one-token forward, and the backend
-   that `--backend auto` picks from them (`specwise.backend_choice.decide`);
+   that `--backend auto` picks from them (`specwise.backends.choice.decide`);
 2. plain greedy decoding on each, one prompt per shipped category, the backends taking turns
    (who goes first alternates), tokens/s and the ratio to mainline, and whether their greedy
    tokens agree (two libraries round differently, so a near-tie may go either way).
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-from specwise.backend_choice import decide, measure_backends, open_backends
-from specwise.backends import ik_api, ik_native
+from specwise.backends import ik_api
+from specwise.backends.choice import decide, measure_backends, open_backends
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
@@ -71,8 +71,8 @@ def compare_backends(
         }
     return {
         "ik_library": library,
-        "ik_native": ik_native.find() == Path(library),
-        "ik_native_verdict": (ik_native.verdict() or {}).get("reason"),
+        "ik_native": ik_api.find() == Path(library),
+        "ik_native_verdict": (ik_api.verdict() or {}).get("reason"),
         "curves": {b: c.ms for b, c in curves.items()},
         "choice": choice,
         "reason": reason,

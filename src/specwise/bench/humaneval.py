@@ -26,7 +26,7 @@ import tempfile
 from functools import cache
 from importlib import resources
 
-from specwise.bench.workloads import Category, Prompt, WorkloadError
+from specwise.prompts import Category, Prompt, WorkloadError
 
 __all__ = ["CATEGORY", "passes", "problems", "program", "prompts"]
 

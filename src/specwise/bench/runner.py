@@ -38,12 +38,13 @@ import numpy as np
 
 from specwise.backends.base import LM, Reserved
 from specwise.bench import humaneval
-from specwise.bench.workloads import CATEGORIES, HUMANEVAL, Prompt, render
+from specwise.bench.workloads import HUMANEVAL, render
 from specwise.controller import Controller
 from specwise.detok import pieces
 from specwise.drafters import DRAFT_MODEL, make_drafters
 from specwise.engine import Engine
 from specwise.lossy import EXACT
+from specwise.prompts import CATEGORIES, Prompt
 from specwise.sampling import SamplingParams
 
 __all__ = [

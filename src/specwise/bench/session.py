@@ -18,7 +18,7 @@ from specwise.backends.base import LM
 from specwise.bench.plots import write_plots
 from specwise.bench.report import Report, build
 from specwise.bench.runner import Options, Runner
-from specwise.bench.workloads import Prompt
+from specwise.prompts import Prompt
 from specwise.trace import JsonlSink
 
 __all__ = ["default_out", "pick", "rebuild", "run_bench"]

@@ -2,6 +2,7 @@
 
 - `planner`: `Controller`, the plan of each request and round (drafter, length, probes), and
   the calls that touch the disk (`calibrated`, `remember`, `save`) for the CLI and server;
+- `plan`: `Plan`, the choice for one request and round (a record);
 - `pricing`: `Pricing`, what a round costs by the passes its call runs in, and `Batch`;
 - `estimates`: `Estimates`, each drafter's acceptance by position and calibration, learnt from
   verified rounds;
@@ -15,7 +16,8 @@ measured costs `specwise.costs`'. Nothing here runs a model.
 
 from specwise.controller.alignment import Alignment, Offered
 from specwise.controller.backoff import PLAN_GAP_MAX, PLAN_PATIENCE
-from specwise.controller.planner import PROBE_FIRST, PROBE_MAX, Controller, Plan
+from specwise.controller.plan import Plan
+from specwise.controller.planner import PROBE_FIRST, PROBE_MAX, Controller
 from specwise.controller.pricing import MARGIN, Batch
 
 __all__ = [

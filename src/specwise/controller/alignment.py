@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specwise.acceptance import expected_tokens, scaled
 from specwise.controller.estimates import Estimates
+from specwise.controller.plan import Plan
 from specwise.controller.pricing import MARGIN, Pricing
 from specwise.drafters.base import Drafter
-
-if TYPE_CHECKING:
-    from specwise.controller.planner import Plan
 
 __all__ = ["Alignment", "Offered", "align", "ceiling", "steps"]
 

@@ -53,7 +53,7 @@ engine calls `plan` before and `observe` after each round.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from specwise.acceptance import expected_tokens, positions, scaled
@@ -62,11 +62,12 @@ from specwise.controller.alignment import Alignment, Offered, align
 from specwise.controller.backoff import Backoff
 from specwise.controller.estimates import Estimates
 from specwise.controller.memory import Memory
+from specwise.controller.plan import Plan
 from specwise.controller.pricing import MARGIN, Batch, Pricing
 from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, KeepGoing
 
-__all__ = ["PROBE_FIRST", "PROBE_MAX", "STAKE", "Controller", "Plan", "Stake"]
+__all__ = ["PROBE_FIRST", "PROBE_MAX", "STAKE", "Controller", "Stake"]
 
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 STAKE = 4.0  # plain steps a request may lose beyond what its drafts have won
@@ -98,22 +99,6 @@ class Stake:
 
     def forget(self, rid: str) -> None:
         self.won.pop(rid, None)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The controller's choice for one request and round."""
-
-    drafter: Drafter | None  # None: plain decoding
-    k_max: int  # the most tokens to draft (a model drafter may stop earlier)
-    planned: int  # the length the plan expects to be best
-    expected_goodput: float  # tokens/ms of the round (the whole batch) as planned
-    plain_goodput: float  # ... had this request decoded plainly
-    expected_tokens: float = 1.0  # E(m) for this request
-    draft_ms: float = 0.0  # predicted drafting time
-    keep_going: KeepGoing | None = None
-    probe: bool = False
-    reason: str = ""
 
 
 class Controller:

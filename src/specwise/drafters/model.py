@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specwise.backends.base import LM, check_same_vocab, fit_width
+from specwise.backends.curves import measure_curve
 from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.sampling import Sampler, SamplingParams, warp
 from specwise.vocab_map import VocabMap
@@ -205,8 +206,6 @@ class ModelDrafter:
         return max(0, len(self._ids.get(seq, ())) + behind - 1 - self.lm.length(seq))
 
     def measure_cost(self) -> tuple[float, float]:
-        from specwise.costs import measure_curve
-
         curve = measure_curve(self.lm, sizes=[1, 64], repeats=3)
         return curve.ms[1], curve.ms[64] / 64
 

@@ -3,7 +3,7 @@ machine, measured here, once, and remembered.
 
 The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) and mainline
 llama.cpp (`LlamaCppLM`). Each loads the target and measures its cost curve (a forward of n
-tokens, n = 1..16, on a sequence holding `costs.CALIBRATION_CONTEXT` tokens, medians of
+tokens, n = 1..16, on a sequence holding `curves.CALIBRATION_CONTEXT` tokens, medians of
 repeats, each size measured on both backends in turn; the one-token forward PLAIN_REPEATS times
 more). The choice:
 
@@ -16,7 +16,7 @@ more). The choice:
 
 The verdict, both curves and the reason are cached in $SPECWISE_HOME/backends, keyed by
 machine, model files, threads, library and METHOD (curves that contradict themselves,
-`CostCurve.consistent`, are measured again, `costs.until_consistent`, and a verdict from such
+`CostCurve.consistent`, are measured again, `curves.until_consistent`, and a verdict from such
 curves is used once and never cached); `specwise bench backend` shows them. A forced
 `--backend` never comes here. This module runs no round and sets no controller cost.
 """
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.backends.base import LM
-from specwise.costs import CostCurve, measure_curves, until_consistent
+from specwise.backends.curves import CostCurve, measure_curves, until_consistent
 from specwise.machine import machine
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
@@ -145,6 +145,6 @@ def open_backends(target: Path, threads: int | None, flash_attn: bool) -> dict[s
 
 
 def measure_backends(lms: dict[str, LM], repeats: int = REPEATS) -> dict[str, CostCurve]:
-    """Each backend's cost curve, their forwards interleaved (`costs.measure_curves`), the plain
+    """Each backend's cost curve, their forwards interleaved (`curves.measure_curves`), the plain
     step from PLAIN_REPEATS more."""
     return measure_curves(lms, SIZES, repeats, plain_repeats=PLAIN_REPEATS)
