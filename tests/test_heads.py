@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specwise import Engine, SamplingParams, distill
+from specwise import Engine, SamplingParams, corpus, distill
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters import Draft
 from specwise.drafters.heads import Heads, HeadsDrafter
@@ -204,7 +204,7 @@ def test_a_prompt_that_shares_a_bench_prompts_words_is_never_a_training_prompt(t
         '    """Return the square of x, computed the long way round for clarity."""\n'
         "    y = x\n    z = y * x\n    return z\n"
     )
-    prompts = distill.corpus_prompts(limit=10, root=tmp_path)
+    prompts = corpus.code_prompts(limit=10, root=tmp_path)
     assert prompts and all("kept" in p or "square of x" in p for p in prompts)
 
 
@@ -218,14 +218,14 @@ def test_training_prompts_name_other_languages_and_never_the_shifted_workloads(t
             for i in range(60)
         )
     )
-    prompts = distill.corpus_prompts(limit=60, root=tmp_path)
-    named = {lang for lang in distill.LANGUAGES for p in prompts if f" {lang}" in p}
+    prompts = corpus.code_prompts(limit=60, root=tmp_path)
+    named = {lang for lang in corpus.LANGUAGES for p in prompts if f" {lang}" in p}
     assert len(prompts) == 60 and len(named) >= 4
     assert any("```python" in p for p in prompts)  # and Python's asks as before
-    shifted = distill.corpus_prompts(limit=60, root=tmp_path, seed=1, asks=distill.SHIFTED)
+    shifted = corpus.code_prompts(limit=60, root=tmp_path, seed=1, asks=corpus.SHIFTED)
     assert len(shifted) == 60 and not set(shifted) & set(prompts)
-    assert not any(lang in distill.SHIFTED[0] for lang in distill.LANGUAGES)
-    assert not set(distill.SHIFTED) & set(distill.ASKS)
+    assert not any(lang in corpus.SHIFTED[0] for lang in corpus.LANGUAGES)
+    assert not set(corpus.SHIFTED) & set(corpus.ASKS)
 
 
 def test_generating_again_asks_only_what_was_never_asked_even_from_a_changed_list(

@@ -155,13 +155,15 @@ def shingles(text: str) -> set[tuple[str, ...]]:
 
 
 def bench_shingles() -> set[tuple[str, ...]]:
-    """The runs of SHINGLE words of every shipped bench prompt, HumanEval's included."""
-    from specwise.bench.workloads import CATEGORIES, HUMANEVAL, builtin
+    """The runs of SHINGLE words of every shipped bench prompt and HumanEval problem."""
+    from specwise.prompts import humaneval_problems, shipped
 
     out: set[tuple[str, ...]] = set()
-    for p in builtin([*CATEGORIES, HUMANEVAL]):
+    for p in shipped():
         for turn in p.turns:
             out |= shingles(turn)
+    for problem in humaneval_problems().values():
+        out |= shingles(problem["prompt"])
     return out
 
 

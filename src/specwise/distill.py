@@ -2,11 +2,11 @@
 heads, or with `--arch eagle` the eagle drafter's layer): self-distillation data from the
 target, the reduced vocabulary, and the training loops.
 
-1. **Prompts** (`corpus_prompts`) come from text every Python install ships: the functions of
+1. **Prompts** (`corpus.code_prompts`) come from text every Python install ships: the functions of
    the standard library that have docstrings, asked for in the ways the bench's categories ask
    (write it from its description, explain it, edit it, summarize its documentation; write it,
-   or translate it, in another language of `LANGUAGES`). No shipped bench prompt is used: a
-   prompt sharing any run of `SHINGLE` words with one is dropped.
+   or translate it, in another language of `corpus.LANGUAGES`). No shipped bench prompt is
+   used: a prompt sharing any run of `corpus.SHINGLE` words with one is dropped.
 2. **Data** (`generate`): the target answers them, several sequences per forward, greedily and
    at temperature 0.7 in turn. At every generated position t it keeps the hidden state h_t
    that predicted token t+1, the target's top `TOP` probabilities there and the token t+1 it
@@ -29,12 +29,9 @@ measures no speed; the bench does.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import random
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,17 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from specwise.backends.base import LM, new_sequence
+from specwise.corpus import code_prompts
 from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads, heads_path, model_key, vocab_index
 from specwise.sampling import Sampler, SamplingParams, warp
 
 __all__ = [
-    "ASKS",
-    "LANGUAGES",
-    "SHIFTED",
     "Data",
     "choose_vocab",
-    "corpus_prompts",
     "evaluate",
     "evaluate_layer",
     "generate",
@@ -66,90 +60,7 @@ __all__ = [
 
 TOP = 16  # target probabilities kept per position
 ARCHS = {"heads": "heads.pt", "eagle": "eagle.pt"}  # what `run` trains -> its file's name
-SHINGLE = 8  # words in a run that marks a prompt as a bench prompt's
 SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
-# The languages other than Python that the asks below name (`{lang}`, one drawn per prompt):
-# the target writes the answers, so the data holds them although the corpus is Python.
-LANGUAGES = ("JavaScript", "TypeScript", "Go", "Rust", "Java", "C++")
-ASKS = (
-    "Write a Python function `{name}{sig}` that does the following: {doc}\n"
-    "Include type hints and a docstring.",
-    "Explain what this Python function does, step by step:\n```python\n{src}\n```",
-    "Refactor this function for readability without changing its behaviour, and add type "
-    "hints:\n```python\n{src}\n```",
-    "Write pytest unit tests for this function:\n```python\n{src}\n```",
-    "Summarize this documentation in two or three sentences:\n\n{doc}",
-    "Write a {lang} function named `{name}` that does the following: {doc}",
-    "Translate this Python function to idiomatic {lang}:\n```python\n{src}\n```",
-)
-# A way of asking that `heads train` never uses, in a language it never names: the workload on
-# which `bench adapt` measures how a drafter adapts to traffic it was not trained for.
-SHIFTED = (
-    "Rewrite this Python function in Ruby, with the same behaviour and a comment that "
-    "documents it:\n```python\n{src}\n```",
-)
-
-
-def _words(text: str) -> list[str]:
-    return text.lower().split()
-
-
-def _shingles(text: str) -> set[tuple[str, ...]]:
-    w = _words(text)
-    return {tuple(w[i : i + SHINGLE]) for i in range(max(0, len(w) - SHINGLE + 1))}
-
-
-def _bench_shingles() -> set[tuple[str, ...]]:
-    from specwise.prompts import shipped
-
-    out: set[tuple[str, ...]] = set()
-    for p in shipped():
-        for turn in p.turns:
-            out |= _shingles(turn)
-    return out
-
-
-def corpus_prompts(
-    limit: int, seed: int = 0, root: Path | None = None, asks: Sequence[str] = ASKS
-) -> list[str]:
-    """Up to `limit` prompts about functions of the standard library at `root` (this
-    interpreter's), each asked one of the ways of `asks` (format strings over the function's
-    name, sig, doc and src, and a `lang` of LANGUAGES), shuffled by `seed`; none shares a run
-    of SHINGLE words with a bench prompt."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if not any(part in ("test", "tests", "idlelib", "site-packages") for part in p.parts)
-    )
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    banned = _bench_shingles()
-    out: list[str] = []
-    for path in files:
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node)
-            src = ast.get_source_segment(source, node)
-            if not doc or not src or not 3 <= src.count("\n") <= 40 or len(doc) < 40:
-                continue
-            sig = f"({ast.unparse(node.args)})"
-            ask = asks[rng.randrange(len(asks))]
-            lang = LANGUAGES[rng.randrange(len(LANGUAGES))]
-            doc = " ".join(doc.split())
-            text = ask.format(name=node.name, sig=sig, doc=doc, src=src, lang=lang)
-            if _shingles(text) & banned:
-                continue
-            out.append(text)
-            if len(out) >= limit:
-                return out
-    return out
 
 
 HEADS_LR = 1e-3  # AdamW's rate for the heads (`train`, and the server's adaptation of them)
@@ -682,7 +593,7 @@ def run(
     spent = json.loads(state.read_text()).get("seconds", 0.0) if state.exists() else 0.0
     left = max(0.0, budget * data_share - spent)
     if left > 0:
-        prompts = corpus_prompts(limit=1500)
+        prompts = code_prompts(limit=1500)
         progress(
             f"generating self-distillation data for {left / 60:.1f} min ({len(prompts)} prompts)"
         )

