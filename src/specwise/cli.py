@@ -22,6 +22,12 @@ from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT
 __all__ = ["main"]
 
 
+TARGET_HELP = (
+    "target model: catalog name, .gguf file, HF folder, or ollama:NAME[:TAG] (a model of "
+    "Ollama's store, run in place; `models list` shows those found)"
+)
+
+
 class UsageError(Exception):
     """Bad input from the command line; printed as one sentence."""
 
@@ -52,7 +58,7 @@ def _params(a: argparse.Namespace) -> SamplingParams:
 def _heads_target_args(p: argparse.ArgumentParser) -> None:
     """The target of a command about its drafting heads (no draft model, never exact)."""
     p.add_argument("--pair", help="catalog pair whose target the heads are for")
-    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
     p.add_argument("--threads", type=int, help="threads (default: the cores)")
     p.set_defaults(draft=None, exact=False)
@@ -60,11 +66,11 @@ def _heads_target_args(p: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
-    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument(
         "--draft",
-        help="draft model (name or path); with another tokenizer than the target's it drafts "
-        "on the tokens both share",
+        help="draft model (catalog name, path or ollama:NAME[:TAG]); with another tokenizer "
+        "than the target's it drafts on the tokens both share",
     )
     p.add_argument(
         "--drafter",
@@ -802,14 +808,53 @@ def cmd_models(a: argparse.Namespace) -> int:
             default = " (default)" if p.name == models.DEFAULT_PAIR else ""
             print(f"pair {p.name}{default}: target {p.target} + draft {p.draft}")
         print(f"\ncache: {models.home() / 'models'}")
+        print("\n".join(_found_lines()))
     elif a.models_command == "pull":
         path = models.pull(a.name, source=a.source)
         print(path)
     elif a.models_command == "path":
         if a.name in models.PAIRS:
             raise UsageError(f"{a.name!r} is a pair; ask for one model: `models path NAME`")
-        print(models.resolve(a.name, pull_missing=False))
+        if a.name.startswith("ollama:"):
+            from specwise.stores import resolve_ollama
+
+            print(resolve_ollama(a.name).path)
+        else:
+            print(models.resolve(a.name, pull_missing=False))
     return 0
+
+
+def _found_lines() -> list[str]:
+    """`models list`'s second part: the GGUF models of Ollama, LM Studio and the Hugging Face
+    cache on this machine, each with what runs it and the draft to try with it."""
+    from specwise.stores import discover, hf_cache_root, suggest_draft
+
+    stores, missing = discover()
+    found = [m for st in stores for m in st.models]
+    lines = ["", "GGUF models already on this machine (read from their headers, never copied):"]
+    lines += [f"  {sentence}" for sentence in missing]
+    for st in stores:
+        n = len(st.models)
+        lines.append(f"{st.kind} ({st.root}): {n or 'no'} model{'' if n == 1 else 's'}")
+        for m in st.models:
+            h = m.header
+            lines.append(
+                f"  {m.name:40} {m.size / 2**30:6.2f} GiB  {h.file_type or '?':8} "
+                f"{h.parameter_size:>6}  {h.architecture:10} tokenizer {h.tokenizer_family}"
+            )
+            advice = suggest_draft(m, found)
+            lines.append(f"      --target {m.ref}  ·  draft: {advice.flags}: {advice.why}")
+        lines += [f"  ! {p}" for p in st.problems]
+    kinds = {st.kind for st in stores}
+    looked = {
+        "ollama": "OLLAMA_MODELS, ~/.ollama/models, /usr/share/ollama/.ollama/models",
+        "lm-studio": "~/.lmstudio/models, ~/.cache/lm-studio/models",
+        "hf-cache": str(hf_cache_root()),
+    }
+    lines += [
+        f"{k}: none found (looked in {where})" for k, where in looked.items() if k not in kinds
+    ]
+    return lines
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -962,6 +1007,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
     sink = JsonlSink(a.trace) if a.trace else None
     engine = _build_engine(a, trace=sink, max_sequences=a.max_batch + 2)  # + engine's checks
     name = a.pair or engine.target.info.model
+    if a.target and a.target.startswith("ollama:") and not a.pair:  # named as Ollama names it
+        from specwise.stores import parse_name
+
+        name = parse_name(a.target).display
     app = create_app(
         engine,
         name,
@@ -1127,13 +1176,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="prompt text, or - to read stdin")
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("models", help="the model catalog: list, pull, path")
+    m = sub.add_parser("models", help="the model catalog and the models on this machine")
     msub = m.add_subparsers(dest="models_command", required=True)
-    msub.add_parser("list", help="catalog models and pairs, and whether they are pulled")
+    msub.add_parser(
+        "list",
+        help="catalog models and pairs, whether they are pulled, and the GGUF models of Ollama, "
+        "LM Studio and the Hugging Face cache on this machine, each with a draft to try",
+    )
     mp = msub.add_parser("pull", help="download, assemble and verify a model (or a pair)")
     mp.add_argument("name")
     mp.add_argument("--from", dest="source", help="use this local file instead of downloading")
-    mpath = msub.add_parser("path", help="print the file of a pulled model")
+    mpath = msub.add_parser(
+        "path", help="print the file of a pulled model (or of ollama:NAME[:TAG] in Ollama's store)"
+    )
     mpath.add_argument("name")
     m.set_defaults(func=cmd_models)
 
