@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.requests import ClientDisconnect
 
 from specwise.engine import Engine, check_acceptance
-from specwise.server import protocol
+from specwise.server import jobs, protocol
 from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
@@ -214,7 +214,7 @@ def create_app(
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
-            body = await _read_json(request, max_body_bytes)
+            body = await jobs.read_json(request, max_body_bytes)
             req, job = start(body, chat, request.state.tenant)
         except ApiError as exc:
             return _error(exc)
@@ -246,7 +246,7 @@ def create_app(
             lambda: state["scheduler"],
             start,
             max_paused,
-            lambda request: _read_json(request, max_body_bytes),
+            lambda request: jobs.read_json(request, max_body_bytes),
         ),
     )
 
@@ -257,30 +257,6 @@ def _piece(engine: Engine):
     """A token id's text (the tokenizer's, special tokens left out), for log-probabilities."""
     tok = engine.target.tokenizer
     return lambda t: tok.decode([t])
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    """The request's body as JSON. Reads no more than `limit` + 1 bytes, whatever the body's
-    length (a chunked body has none): 413 past the limit. Anything else that is not JSON is a
-    400: bad syntax, bytes that are not UTF-8, an integer of more digits than Python converts,
-    nesting deeper than the parser recurses (the last two are not `JSONDecodeError`s)."""
-    raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > limit:
-            raise ApiError(413, f"the request body is over the {limit}-byte limit")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-
-
-async def _client_gone(request: Request) -> None:
-    """Return once the client has hung up: after the body, the ASGI receive channel has only
-    `http.disconnect` left to say. (`Request.is_disconnected` never sees it here: under the
-    `guard` middleware, Starlette's BaseHTTPMiddleware, its instant check loses the message.)"""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _hold_max_tokens(body: dict, req: ParsedRequest, limit: int) -> ParsedRequest:
@@ -320,40 +296,19 @@ def _tokenize(engine: Engine, req: ParsedRequest, limit: int = 0) -> list[int]:
 async def _complete(
     request: Request, sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int, piece
 ) -> Response:
-    parts: list[str] = []
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        while True:
-            event = asyncio.ensure_future(job.events.get())
-            await asyncio.wait((event, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not event.done():  # the client left: release the request's caches now
-                event.cancel()
-                sched.cancel(job)
-                return Response(status_code=499)
-            kind, payload = event.result()
-            if kind == "text":
-                parts.append(payload[0])
-            elif kind == "error":
-                status, message = payload
-                field = ("messages" if req.chat else "prompt") if status == 400 else None
-                kind_ = "invalid_request_error" if status < 500 else "server_error"
-                return _error(ApiError(status, message, field, kind=kind_))
-            else:
-                result = payload
-                logprobs = protocol.logprobs(req, result.logprobs or [], piece)
-                return JSONResponse(
-                    protocol.response(
-                        req,
-                        job.id,
-                        "".join(parts),
-                        result.finish_reason,
-                        n_prompt,
-                        result.summary,
-                        logprobs,
-                    )
-                )
-    finally:
-        gone.cancel()
+    end = await jobs.ended(request, sched, job)
+    if end is None:
+        return Response(status_code=499)
+    if end.result is None:
+        field = ("messages" if req.chat else "prompt") if end.status == 400 else None
+        kind = "invalid_request_error" if end.status < 500 else "server_error"
+        return _error(ApiError(end.status, end.message, field, kind=kind))
+    logprobs = protocol.logprobs(req, end.result.logprobs or [], piece)
+    return JSONResponse(
+        protocol.response(
+            req, job.id, end.text, end.result.finish_reason, n_prompt, end.result.summary, logprobs
+        )
+    )
 
 
 async def _stream(
@@ -380,8 +335,7 @@ async def _stream(
 
     first = True
     try:
-        while True:
-            kind, payload = await job.events.get()
+        async for kind, payload in jobs.events(job):
             if kind == "text":
                 text, emitted = payload
                 lp = logprobs(job.req.logprobs[sent["tokens"] : emitted]) if job.req else None
@@ -395,15 +349,13 @@ async def _stream(
                         message, "invalid_request_error" if status < 500 else "server_error"
                     )
                 )
-                break
-            else:
+            elif kind == "done":
                 result = payload
                 lp = logprobs((result.logprobs or [])[sent["tokens"] :])
                 obj = protocol.chunk(req, job.id, created, None, result.finish_reason, first, lp)
                 yield sse(with_usage(obj, result.summary.emitted))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(req, job.id, created, n_prompt, result.summary))
-                break
         yield b"data: [DONE]\n\n"
     finally:
         sched.cancel(job)  # a client that left mid-stream: release its caches now
