@@ -961,13 +961,6 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    import ipaddress
-    import os
-
-    import uvicorn
-
-    from specwise.server.app import create_app
-
     if a.max_batch < 1:
         raise UsageError(f"--max-batch {a.max_batch} is invalid; use an integer >= 1")
     if a.max_queue < 0:
@@ -989,8 +982,33 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError("--adapt-cache keeps what --adapt learns; give --adapt key or global")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
-    if not 0 < a.port < 65536:
-        raise UsageError(f"--port {a.port} is invalid; use 1..65535")
+    for flag, port in (("--port", a.port), ("--ollama-port", a.ollama_port)):
+        if port is not None and not 0 < port < 65536:
+            raise UsageError(f"{flag} {port} is invalid; use 1..65535")
+    if a.ollama_port == a.port:
+        raise UsageError(
+            f"--ollama-port {a.ollama_port} is --port's; give another port (Ollama's routes are "
+            f"on --port as well)"
+        )
+    # the second port is taken now, before the models load, so that one in use fails at once
+    sockets = None if a.ollama_port is None else [_listen(a.host, a.ollama_port, "--ollama-port")]
+    try:
+        return _serve(a, sockets)
+    finally:
+        for sock in sockets or []:
+            sock.close()
+
+
+def _serve(a: argparse.Namespace, sockets: list | None) -> int:
+    """`serve` once its flags are checked: the engine, the app, and uvicorn on --port (and on
+    the sockets given: --ollama-port's) until SIGTERM or Ctrl-C."""
+    import ipaddress
+    import os
+
+    import uvicorn
+
+    from specwise.server.app import create_app
+
     api_keys = a.api_key or [k for k in [os.environ.get("SPECWISE_API_KEY")] if k]
     try:
         loopback = a.host == "localhost" or ipaddress.ip_address(a.host).is_loopback
@@ -1026,30 +1044,48 @@ def cmd_serve(a: argparse.Namespace) -> int:
         streams_per_key=a.streams_per_key,
         adapter=engine.learner,
     )
+    ollama_url = f"http://{a.host}:{a.ollama_port or a.port}"
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
         f"(backend {engine.target.info.backend}, k={engine.k}, "
         f"drafters: {', '.join(d.name for d in engine.drafters) or 'none'}); "
-        f"trace inspector: http://{a.host}:{a.port}/ui",
+        f"Ollama's API: {ollama_url}/api; trace inspector: http://{a.host}:{a.port}/ui",
         file=sys.stderr,
     )
     # uvicorn drains on SIGTERM, then raises the signal again as it returns: leave through
     # `finally` (what was learnt is saved) with status 0 rather than die of it
     previous = signal.signal(signal.SIGTERM, _exit_quietly)
+    how = {"log_level": "warning", "timeout_graceful_shutdown": a.drain_timeout}
     try:
-        uvicorn.run(
-            app,
-            host=a.host,
-            port=a.port,
-            log_level="warning",
-            timeout_graceful_shutdown=a.drain_timeout,
-        )
+        if sockets is None:
+            uvicorn.run(app, host=a.host, port=a.port, **how)
+        else:  # one app on both ports: OpenAI's and Ollama's routes on each, as Ollama does
+            sockets.insert(0, _listen(a.host, a.port, "--port"))
+            uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, **how)).run(sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         _save_memory(a, engine)
         if sink is not None:
             sink.close()
     return 0
+
+
+def _listen(host: str, port: int, flag: str):
+    """A socket bound to host:port for uvicorn to listen on, or UsageError naming the flag."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = "; Ollama itself may be listening there: stop it, or give another port"
+        raise UsageError(
+            f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            f"{hint if flag == '--ollama-port' else ''}"
+        ) from None
+    return sock
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -1479,11 +1515,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="the recommendation as JSON")
     r.set_defaults(func=cmd_recommend)
 
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    s = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching, Ollama's API beside",
+    )
     _model_args(s)
     s.add_argument("--k", type=_k, default="auto", help="default k for requests (auto)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--ollama-port",
+        type=int,
+        help="also serve on this port (Ollama's is 11434), so that Ollama's clients connect "
+        "unchanged; Ollama's API (/api/chat, /api/generate, /api/tags, ...) is on --port too",
+    )
     s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     s.add_argument(

@@ -1,15 +1,16 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions,
-/v1/chat/completions (streaming as server-sent events), /health and /metrics, and the trace
-inspector's page and data (/ui, /ui/api: `inspector`).
+/v1/chat/completions (streaming as server-sent events), /health and /metrics, the trace
+inspector's page and data (/ui, /ui/api: `inspector`), and Ollama's API beside them (/api/chat,
+/api/generate, /api/tags, ...: `ollama`, which translates into the same request path).
 
 Requests are validated by `protocol`, queued on the `Scheduler` (HTTP 429 with Retry-After when
 the queue is full), and streamed back as the scheduler publishes text. A client that goes away
-is cancelled, which releases its caches at once. With API keys, every /v1 and /ui/api route needs
-`Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that learn across
-requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an OpenAI-style error body;
-nothing reaches the client as a traceback. /health reports the load, the sequences holding
-cache (0 when idle: none leaked) and the server's limits (context, batch, queue, body bytes),
-by which `bench.faults` sizes its faults.
+is cancelled, which releases its caches at once. With API keys, every /v1, /api and /ui/api
+route needs `Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that
+learn across requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an
+OpenAI-style error body (Ollama's on its routes); nothing reaches the client as a traceback.
+/health reports the load, the sequences holding cache (0 when idle: none leaked) and the
+server's limits (context, batch, queue, body bytes), by which `bench.faults` sizes its faults.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.requests import ClientDisconnect
 
 from specwise.engine import Engine, check_acceptance
-from specwise.server import jobs, protocol
+from specwise.server import jobs, ollama, protocol
 from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
@@ -44,8 +45,10 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(exc: ApiError, path: str = "") -> JSONResponse:
+    """The error response: OpenAI's body, or Ollama's ({"error": ...}) on its routes."""
+    body = ollama.error_body(exc.message) if ollama.speaks(path) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def create_app(
@@ -100,7 +103,8 @@ def create_app(
     @app.middleware("http")
     async def guard(request: Request, call_next):
         request.state.tenant = None
-        if request.url.path.startswith(("/v1", "/ui/api")) and api_keys:
+        path = request.url.path
+        if path.startswith(("/v1", "/ui/api", ollama.PREFIX)) and api_keys:
             got = request.headers.get("authorization", "").encode()
             key = next(
                 (k for k in api_keys if hmac.compare_digest(got, f"Bearer {k}".encode())), None
@@ -112,19 +116,22 @@ def create_app(
                         "missing or wrong API key; send 'Authorization: Bearer <key>'",
                         kind="authentication_error",
                         code="invalid_api_key",
-                    )
+                    ),
+                    path,
                 )
             request.state.tenant = hashlib.sha256(key.encode()).hexdigest()[:16]
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
             return _error(
-                ApiError(413, f"the request body has {size} bytes; the limit is {max_body_bytes}")
+                ApiError(413, f"the request body has {size} bytes; the limit is {max_body_bytes}"),
+                path,
             )
         try:
             return await call_next(request)
         except Exception:
-            log.exception("unhandled error on %s", request.url.path)
-            return _error(ApiError(500, "internal error; see the server log", kind="server_error"))
+            log.exception("unhandled error on %s", path)
+            error = ApiError(500, "internal error; see the server log", kind="server_error")
+            return _error(error, path)
 
     @app.get("/health")
     async def health() -> dict:
@@ -168,7 +175,13 @@ def create_app(
     ) -> tuple[ParsedRequest, Job]:
         """Parse, check and tokenize a request body and queue it as a Job (ApiError when it
         cannot be); `how`: the Job's inspector fields (inspect, paused)."""
-        req = protocol.parse(body, chat, [model_name])
+        return queue(body, protocol.parse(body, chat, [model_name]), tenant, job_id, **how)
+
+    def queue(
+        body: Any, req: ParsedRequest, tenant: str | None, job_id: str | None = None, **how: Any
+    ) -> tuple[ParsedRequest, Job]:
+        """Check and tokenize a parsed request (of `body`, in OpenAI's fields) and queue it as
+        a Job: the one way in for every API (ApiError when it cannot go in)."""
         req = _hold_max_tokens(body, req, max_new_tokens)
         if streams_per_key and tenant is not None:
             held = state["scheduler"].in_flight(tenant)
@@ -190,7 +203,7 @@ def create_app(
         except ValueError as exc:
             raise ApiError(400, str(exc), "speculative.acceptance") from None
         job = Job(
-            job_id or protocol.new_id(chat),
+            job_id or protocol.new_id(req.chat),
             _tokenize(engine, req, max_prompt),
             req.params,
             asyncio.get_running_loop(),
@@ -236,6 +249,17 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
+
+    ollama.add_routes(
+        app,
+        ollama.Served(
+            engine,
+            model_name,
+            lambda: state["scheduler"],
+            queue,
+            lambda request: jobs.read_json(request, max_body_bytes),
+        ),
+    )
 
     max_paused = max(1, max_batch // 2)  # paused sessions may hold at most half the slots
     add_routes(
