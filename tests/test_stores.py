@@ -284,6 +284,28 @@ def test_malformed_stores_each_say_what_is_wrong(home, tmp_path, monkeypatch):
         resolve_ollama("ollama:m")
 
 
+def test_a_store_this_user_may_not_read_is_one_sentence(store, monkeypatch):
+    monkeypatch.setattr(stores.os, "access", lambda path, mode: False)
+    (st,), _ = discover()
+    assert st.models == () and "cannot be read" in st.problems[0]
+    with pytest.raises(StoreError, match=r"it holds no model.*cannot be read"):
+        resolve_ollama("ollama:nope")
+
+
+def test_the_services_store_kept_from_this_user_is_one_sentence(home, monkeypatch):
+    monkeypatch.setattr(stores, "SYSTEM_OLLAMA", system := home / "system")
+    is_dir = Path.is_dir
+
+    def denied(path):
+        if path == system or system in path.parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_dir(path)
+
+    monkeypatch.setattr(Path, "is_dir", denied)
+    (st,), _ = discover()
+    assert st.root == system and "Permission denied" in st.problems[0]
+
+
 def test_lm_studio_and_the_hf_cache_are_found(home, tmp_path, monkeypatch):
     write_gguf(home / ".lmstudio/models/pub/Model-GGUF/model-Q4_K_M.gguf", name="lms")
     write_gguf(home / ".lmstudio/models/pub/Model-GGUF/mmproj-f16.gguf", kind="mmproj")

@@ -89,13 +89,13 @@ def ollama_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     given = _env(env).get("OLLAMA_MODELS")
     if given:
         root = Path(given).expanduser()
-        if not root.is_dir():
+        if not _present(root):
             raise StoreError(
                 f"OLLAMA_MODELS={given!r} is not a folder; set it to Ollama's models folder "
                 f"(the one holding manifests/ and blobs/), or unset it for ~/.ollama/models"
             )
         return [root]
-    return [p for p in (Path.home() / ".ollama" / "models", SYSTEM_OLLAMA) if p.is_dir()]
+    return [p for p in (Path.home() / ".ollama" / "models", SYSTEM_OLLAMA) if _present(p)]
 
 
 def lm_studio_roots() -> list[Path]:
@@ -103,8 +103,17 @@ def lm_studio_roots() -> list[Path]:
     return [
         p
         for p in (home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models")
-        if p.is_dir()
+        if _present(p)
     ]
+
+
+def _present(folder: Path) -> bool:
+    """Whether `folder` is there: a folder, or a path this user may not look into (which its
+    store then reports as unreadable)."""
+    try:
+        return folder.is_dir()
+    except OSError:  # PermissionError: a store another user (Ollama's service) keeps
+        return True
 
 
 def hf_cache_root(env: Mapping[str, str] | None = None) -> Path:
@@ -130,7 +139,7 @@ def discover(env: Mapping[str, str] | None = None) -> tuple[list[Store], list[st
         missing.append(str(exc))
     stores += [_file_store("lm-studio", root, root.rglob("*.gguf")) for root in lm_studio_roots()]
     hub = hf_cache_root(env)
-    if hub.is_dir():
+    if _present(hub):
         stores.append(_file_store("hf-cache", hub, hub.glob("models--*/snapshots/*/**/*.gguf")))
     return stores, missing
 
@@ -266,16 +275,31 @@ def resolve_ollama(ref: str, env: Mapping[str, str] | None = None) -> Found:
         path = next((p for p in name.manifests(root) if os.path.lexists(p)), None)
         if path is not None:
             return _ollama_model(root, path, name)
-    held = sorted({m.name for root in roots for m in _ollama_store(root).models})
+    listed = [_ollama_store(root) for root in roots]
+    held = sorted({m.name for st in listed for m in st.models})
+    unread = [st.problems[0] for st in listed if not st.models and st.problems]
     raise StoreError(
         f"{PREFIX}{name.display} is not in the Ollama store at "
         f"{', '.join(map(str, roots))}; it holds {', '.join(held) or 'no model'} "
-        f"(`ollama pull {name.display}` fetches it)"
+        f"(`ollama pull {name.display}` fetches it)" + (f"; {unread[0]}" if unread else "")
     )
 
 
 def _ollama_store(root: Path) -> Store:
-    if not any((root / d).is_dir() for d in ("manifests-v2", "manifests")):
+    try:
+        tops = [root / d for d in ("manifests-v2", "manifests") if (root / d).is_dir()]
+        for top in tops:  # glob would skip a folder it may not read, silently
+            if not os.access(top, os.R_OK | os.X_OK):
+                raise PermissionError(f"{top}: permission denied")
+        entries = [(top, p) for top in tops for p in sorted(top.glob("*/*/*/*"))]
+    except OSError as exc:
+        return _broken(
+            "ollama",
+            root,
+            f"{root} cannot be read ({exc}); run as a user who can read it (Ollama's service "
+            f"keeps its store for its own user), or set OLLAMA_MODELS to a store you can read",
+        )
+    if not tops:
         return _broken(
             "ollama",
             root,
@@ -283,20 +307,6 @@ def _ollama_store(root: Path) -> Store:
             f"folder (OLLAMA_MODELS should name the one holding manifests/ and blobs/)",
         )
     models, problems, seen = [], [], set()
-    try:
-        entries = [
-            (root / top, p)
-            for top in ("manifests-v2", "manifests")
-            if (root / top).is_dir()
-            for p in sorted((root / top).glob("*/*/*/*"))
-        ]
-    except OSError as exc:
-        return _broken(
-            "ollama",
-            root,
-            f"{root} cannot be read ({exc.strerror or exc}); run as a user who can read it, or "
-            f"point OLLAMA_MODELS at a store you can read",
-        )
     for top, path in entries:
         host, namespace, model, tag = path.relative_to(top).parts
         if path.is_dir() or tag.startswith("."):
