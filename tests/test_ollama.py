@@ -91,6 +91,8 @@ def test_no_prompt_loads_the_model_and_keep_alive_zero_unloads_it(toy):
     gone = toy.post("/api/generate", json={"prompt": "", "keep_alive": 0}).json()
     assert gone["done_reason"] == "unload" and gone["response"] == ""
     assert toy.post("/api/chat", json={"messages": [], "keep_alive": "0s"}).json()["done"]
+    streamed = toy.post("/api/generate", json={"prompt": "ab", "stream": None})  # the default
+    assert streamed.headers["content-type"] == "application/x-ndjson"
     assert toy.post("/api/generate", json={"model": "nope"}).status_code == 404
 
 

@@ -256,7 +256,7 @@ def _translate(body: Any, endpoint: str, templated: bool) -> tuple[dict, bool, b
     keep = body.get("keep_alive")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, str | int | float)):
         raise ApiError(400, "'keep_alive' must be a duration such as '5m' or '-1', or seconds")
-    stream = body.get("stream", True)  # Ollama streams unless told not to
+    stream = True if body.get("stream") is None else body["stream"]  # unless told not to
     oa: dict[str, Any] = {"model": body.get("model"), "stream": stream}
     if "speculative" in body:  # specwise's own, as on the OpenAI routes
         oa["speculative"] = body["speculative"]
@@ -298,8 +298,7 @@ def _options(options: Any) -> tuple[dict[str, Any], bool]:
                 f"'options.{name}' = {v!r} is not supported by this server (only {neutral!r}, "
                 f"which changes nothing)",
             )
-    out = {f: options.get(f, DEFAULTS.get(f)) for f in SAMPLING}
-    out = {f: (DEFAULTS.get(f) if v is None else v) for f, v in out.items()}
+    out = {f: DEFAULTS.get(f) if options.get(f) is None else options[f] for f in SAMPLING}
     seed = options.get("seed")
     if not (isinstance(seed, int) and not isinstance(seed, bool) and seed < 0):  # < 0: random
         out["seed"] = seed
