@@ -22,6 +22,12 @@ from specwise.server.scheduler import PREFILL_CHUNK, WHOLE_PROMPT
 __all__ = ["main"]
 
 
+TARGET_HELP = (
+    "target model: catalog name, .gguf file, HF folder, or ollama:NAME[:TAG] (a model of "
+    "Ollama's store, run in place; `models list` shows those found)"
+)
+
+
 class UsageError(Exception):
     """Bad input from the command line; printed as one sentence."""
 
@@ -52,7 +58,7 @@ def _params(a: argparse.Namespace) -> SamplingParams:
 def _heads_target_args(p: argparse.ArgumentParser) -> None:
     """The target of a command about its drafting heads (no draft model, never exact)."""
     p.add_argument("--pair", help="catalog pair whose target the heads are for")
-    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto")
     p.add_argument("--threads", type=int, help="threads (default: the cores)")
     p.set_defaults(draft=None, exact=False)
@@ -60,11 +66,11 @@ def _heads_target_args(p: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="catalog pair: sets --target and --draft (see `models list`)")
-    p.add_argument("--target", help="target model: catalog name, .gguf file or HF folder")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument(
         "--draft",
-        help="draft model (name or path); with another tokenizer than the target's it drafts "
-        "on the tokens both share",
+        help="draft model (catalog name, path or ollama:NAME[:TAG]); with another tokenizer "
+        "than the target's it drafts on the tokens both share",
     )
     p.add_argument(
         "--drafter",
@@ -802,14 +808,53 @@ def cmd_models(a: argparse.Namespace) -> int:
             default = " (default)" if p.name == models.DEFAULT_PAIR else ""
             print(f"pair {p.name}{default}: target {p.target} + draft {p.draft}")
         print(f"\ncache: {models.home() / 'models'}")
+        print("\n".join(_found_lines()))
     elif a.models_command == "pull":
         path = models.pull(a.name, source=a.source)
         print(path)
     elif a.models_command == "path":
         if a.name in models.PAIRS:
             raise UsageError(f"{a.name!r} is a pair; ask for one model: `models path NAME`")
-        print(models.resolve(a.name, pull_missing=False))
+        if a.name.startswith("ollama:"):
+            from specwise.stores import resolve_ollama
+
+            print(resolve_ollama(a.name).path)
+        else:
+            print(models.resolve(a.name, pull_missing=False))
     return 0
+
+
+def _found_lines() -> list[str]:
+    """`models list`'s second part: the GGUF models of Ollama, LM Studio and the Hugging Face
+    cache on this machine, each with what runs it and the draft to try with it."""
+    from specwise.stores import discover, hf_cache_root, suggest_draft
+
+    stores, missing = discover()
+    found = [m for st in stores for m in st.models]
+    lines = ["", "GGUF models already on this machine (read from their headers, never copied):"]
+    lines += [f"  {sentence}" for sentence in missing]
+    for st in stores:
+        n = len(st.models)
+        lines.append(f"{st.kind} ({st.root}): {n or 'no'} model{'' if n == 1 else 's'}")
+        for m in st.models:
+            h = m.header
+            lines.append(
+                f"  {m.name:40} {m.size / 2**30:6.2f} GiB  {h.file_type or '?':8} "
+                f"{h.parameter_size:>6}  {h.architecture:10} tokenizer {h.tokenizer_family}"
+            )
+            advice = suggest_draft(m, found)
+            lines.append(f"      --target {m.ref}  ·  draft: {advice.flags}: {advice.why}")
+        lines += [f"  ! {p}" for p in st.problems]
+    kinds = {st.kind for st in stores}
+    looked = {
+        "ollama": "OLLAMA_MODELS, ~/.ollama/models, /usr/share/ollama/.ollama/models",
+        "lm-studio": "~/.lmstudio/models, ~/.cache/lm-studio/models",
+        "hf-cache": str(hf_cache_root()),
+    }
+    lines += [
+        f"{k}: none found (looked in {where})" for k, where in looked.items() if k not in kinds
+    ]
+    return lines
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -916,13 +961,6 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    import ipaddress
-    import os
-
-    import uvicorn
-
-    from specwise.server.app import create_app
-
     if a.max_batch < 1:
         raise UsageError(f"--max-batch {a.max_batch} is invalid; use an integer >= 1")
     if a.max_queue < 0:
@@ -944,8 +982,33 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise UsageError("--adapt-cache keeps what --adapt learns; give --adapt key or global")
     if a.drain_timeout < 0:
         raise UsageError(f"--drain-timeout {a.drain_timeout:g} is invalid; use seconds >= 0")
-    if not 0 < a.port < 65536:
-        raise UsageError(f"--port {a.port} is invalid; use 1..65535")
+    for flag, port in (("--port", a.port), ("--ollama-port", a.ollama_port)):
+        if port is not None and not 0 < port < 65536:
+            raise UsageError(f"{flag} {port} is invalid; use 1..65535")
+    if a.ollama_port == a.port:
+        raise UsageError(
+            f"--ollama-port {a.ollama_port} is --port's; give another port (Ollama's routes are "
+            f"on --port as well)"
+        )
+    # the second port is taken now, before the models load, so that one in use fails at once
+    sockets = None if a.ollama_port is None else [_listen(a.host, a.ollama_port, "--ollama-port")]
+    try:
+        return _serve(a, sockets)
+    finally:
+        for sock in sockets or []:
+            sock.close()
+
+
+def _serve(a: argparse.Namespace, sockets: list | None) -> int:
+    """`serve` once its flags are checked: the engine, the app, and uvicorn on --port (and on
+    the sockets given: --ollama-port's) until SIGTERM or Ctrl-C."""
+    import ipaddress
+    import os
+
+    import uvicorn
+
+    from specwise.server.app import create_app
+
     api_keys = a.api_key or [k for k in [os.environ.get("SPECWISE_API_KEY")] if k]
     try:
         loopback = a.host == "localhost" or ipaddress.ip_address(a.host).is_loopback
@@ -962,6 +1025,10 @@ def cmd_serve(a: argparse.Namespace) -> int:
     sink = JsonlSink(a.trace) if a.trace else None
     engine = _build_engine(a, trace=sink, max_sequences=a.max_batch + 2)  # + engine's checks
     name = a.pair or engine.target.info.model
+    if a.target and a.target.startswith("ollama:") and not a.pair:  # named as Ollama names it
+        from specwise.stores import parse_name
+
+        name = parse_name(a.target).display
     app = create_app(
         engine,
         name,
@@ -977,30 +1044,48 @@ def cmd_serve(a: argparse.Namespace) -> int:
         streams_per_key=a.streams_per_key,
         adapter=engine.learner,
     )
+    ollama_url = f"http://{a.host}:{a.ollama_port or a.port}"
     print(
         f"specwise: serving {name} on http://{a.host}:{a.port}/v1 "
         f"(backend {engine.target.info.backend}, k={engine.k}, "
         f"drafters: {', '.join(d.name for d in engine.drafters) or 'none'}); "
-        f"trace inspector: http://{a.host}:{a.port}/ui",
+        f"Ollama's API: {ollama_url}/api; trace inspector: http://{a.host}:{a.port}/ui",
         file=sys.stderr,
     )
     # uvicorn drains on SIGTERM, then raises the signal again as it returns: leave through
     # `finally` (what was learnt is saved) with status 0 rather than die of it
     previous = signal.signal(signal.SIGTERM, _exit_quietly)
+    how = {"log_level": "warning", "timeout_graceful_shutdown": a.drain_timeout}
     try:
-        uvicorn.run(
-            app,
-            host=a.host,
-            port=a.port,
-            log_level="warning",
-            timeout_graceful_shutdown=a.drain_timeout,
-        )
+        if sockets is None:
+            uvicorn.run(app, host=a.host, port=a.port, **how)
+        else:  # one app on both ports: OpenAI's and Ollama's routes on each, as Ollama does
+            sockets.insert(0, _listen(a.host, a.port, "--port"))
+            uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, **how)).run(sockets)
     finally:
         signal.signal(signal.SIGTERM, previous)
         _save_memory(a, engine)
         if sink is not None:
             sink.close()
     return 0
+
+
+def _listen(host: str, port: int, flag: str):
+    """A socket bound to host:port for uvicorn to listen on, or UsageError naming the flag."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = "; Ollama itself may be listening there: stop it, or give another port"
+        raise UsageError(
+            f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            f"{hint if flag == '--ollama-port' else ''}"
+        ) from None
+    return sock
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -1158,13 +1243,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="prompt text, or - to read stdin")
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("models", help="the model catalog: list, pull, path")
+    m = sub.add_parser("models", help="the model catalog and the models on this machine")
     msub = m.add_subparsers(dest="models_command", required=True)
-    msub.add_parser("list", help="catalog models and pairs, and whether they are pulled")
+    msub.add_parser(
+        "list",
+        help="catalog models and pairs, whether they are pulled, and the GGUF models of Ollama, "
+        "LM Studio and the Hugging Face cache on this machine, each with a draft to try",
+    )
     mp = msub.add_parser("pull", help="download, assemble and verify a model (or a pair)")
     mp.add_argument("name")
     mp.add_argument("--from", dest="source", help="use this local file instead of downloading")
-    mpath = msub.add_parser("path", help="print the file of a pulled model")
+    mpath = msub.add_parser(
+        "path", help="print the file of a pulled model (or of ollama:NAME[:TAG] in Ollama's store)"
+    )
     mpath.add_argument("name")
     m.set_defaults(func=cmd_models)
 
@@ -1455,11 +1546,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="the recommendation as JSON")
     r.set_defaults(func=cmd_recommend)
 
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    s = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching, Ollama's API beside",
+    )
     _model_args(s)
     s.add_argument("--k", type=_k, default="auto", help="default k for requests (auto)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--ollama-port",
+        type=int,
+        help="also serve on this port (Ollama's is 11434), so that Ollama's clients connect "
+        "unchanged; Ollama's API (/api/chat, /api/generate, /api/tags, ...) is on --port too",
+    )
     s.add_argument("--max-batch", type=int, default=4, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     s.add_argument(

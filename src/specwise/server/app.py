@@ -1,15 +1,16 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions,
-/v1/chat/completions (streaming as server-sent events), /health and /metrics, and the trace
-inspector's page and data (/ui, /ui/api: `inspector`).
+/v1/chat/completions (streaming as server-sent events), /health and /metrics, the trace
+inspector's page and data (/ui, /ui/api: `inspector`), and Ollama's API beside them (/api/chat,
+/api/generate, /api/tags, ...: `ollama`, which translates into the same request path).
 
 Requests are validated by `protocol`, queued on the `Scheduler` (HTTP 429 with Retry-After when
 the queue is full), and streamed back as the scheduler publishes text. A client that goes away
-is cancelled, which releases its caches at once. With API keys, every /v1 and /ui/api route needs
-`Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that learn across
-requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an OpenAI-style error body;
-nothing reaches the client as a traceback. /health reports the load, the sequences holding
-cache (0 when idle: none leaked) and the server's limits (context, batch, queue, body bytes),
-by which `bench.faults` sizes its faults.
+is cancelled, which releases its caches at once. With API keys, every /v1, /api and /ui/api
+route needs `Authorization: Bearer KEY` with one of them; each key is a tenant (drafters that
+learn across requests keep each tenant's text apart). Bad input of any kind gets a 4xx with an
+OpenAI-style error body (Ollama's on its routes); nothing reaches the client as a traceback.
+/health reports the load, the sequences holding cache (0 when idle: none leaked) and the
+server's limits (context, batch, queue, body bytes), by which `bench.faults` sizes its faults.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.requests import ClientDisconnect
 
 from specwise.engine import Engine, check_acceptance
-from specwise.server import protocol
+from specwise.server import jobs, ollama, protocol
 from specwise.server.inspector import Live, add_routes
 from specwise.server.metrics import Metrics
 from specwise.server.protocol import ApiError, ParsedRequest
@@ -44,8 +45,10 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(exc: ApiError, path: str = "") -> JSONResponse:
+    """The error response: OpenAI's body, or Ollama's ({"error": ...}) on its routes."""
+    body = ollama.error_body(exc.message) if ollama.speaks(path) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def create_app(
@@ -100,7 +103,8 @@ def create_app(
     @app.middleware("http")
     async def guard(request: Request, call_next):
         request.state.tenant = None
-        if request.url.path.startswith(("/v1", "/ui/api")) and api_keys:
+        path = request.url.path
+        if path.startswith(("/v1", "/ui/api", ollama.PREFIX)) and api_keys:
             got = request.headers.get("authorization", "").encode()
             key = next(
                 (k for k in api_keys if hmac.compare_digest(got, f"Bearer {k}".encode())), None
@@ -112,19 +116,22 @@ def create_app(
                         "missing or wrong API key; send 'Authorization: Bearer <key>'",
                         kind="authentication_error",
                         code="invalid_api_key",
-                    )
+                    ),
+                    path,
                 )
             request.state.tenant = hashlib.sha256(key.encode()).hexdigest()[:16]
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
             return _error(
-                ApiError(413, f"the request body has {size} bytes; the limit is {max_body_bytes}")
+                ApiError(413, f"the request body has {size} bytes; the limit is {max_body_bytes}"),
+                path,
             )
         try:
             return await call_next(request)
         except Exception:
-            log.exception("unhandled error on %s", request.url.path)
-            return _error(ApiError(500, "internal error; see the server log", kind="server_error"))
+            log.exception("unhandled error on %s", path)
+            error = ApiError(500, "internal error; see the server log", kind="server_error")
+            return _error(error, path)
 
     @app.get("/health")
     async def health() -> dict:
@@ -168,7 +175,13 @@ def create_app(
     ) -> tuple[ParsedRequest, Job]:
         """Parse, check and tokenize a request body and queue it as a Job (ApiError when it
         cannot be); `how`: the Job's inspector fields (inspect, paused)."""
-        req = protocol.parse(body, chat, [model_name])
+        return queue(body, protocol.parse(body, chat, [model_name]), tenant, job_id, **how)
+
+    def queue(
+        body: Any, req: ParsedRequest, tenant: str | None, job_id: str | None = None, **how: Any
+    ) -> tuple[ParsedRequest, Job]:
+        """Check and tokenize a parsed request (of `body`, in OpenAI's fields) and queue it as
+        a Job: the one way in for every API (ApiError when it cannot go in)."""
         req = _hold_max_tokens(body, req, max_new_tokens)
         if streams_per_key and tenant is not None:
             held = state["scheduler"].in_flight(tenant)
@@ -190,7 +203,7 @@ def create_app(
         except ValueError as exc:
             raise ApiError(400, str(exc), "speculative.acceptance") from None
         job = Job(
-            job_id or protocol.new_id(chat),
+            job_id or protocol.new_id(req.chat),
             _tokenize(engine, req, max_prompt),
             req.params,
             asyncio.get_running_loop(),
@@ -214,7 +227,7 @@ def create_app(
 
     async def handle(request: Request, chat: bool) -> Response:
         try:
-            body = await _read_json(request, max_body_bytes)
+            body = await jobs.read_json(request, max_body_bytes)
             req, job = start(body, chat, request.state.tenant)
         except ApiError as exc:
             return _error(exc)
@@ -237,6 +250,17 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await handle(request, chat=True)
 
+    ollama.add_routes(
+        app,
+        ollama.Served(
+            engine,
+            model_name,
+            lambda: state["scheduler"],
+            queue,
+            lambda request: jobs.read_json(request, max_body_bytes),
+        ),
+    )
+
     max_paused = max(1, max_batch // 2)  # paused sessions may hold at most half the slots
     add_routes(
         app,
@@ -246,7 +270,7 @@ def create_app(
             lambda: state["scheduler"],
             start,
             max_paused,
-            lambda request: _read_json(request, max_body_bytes),
+            lambda request: jobs.read_json(request, max_body_bytes),
         ),
     )
 
@@ -257,30 +281,6 @@ def _piece(engine: Engine):
     """A token id's text (the tokenizer's, special tokens left out), for log-probabilities."""
     tok = engine.target.tokenizer
     return lambda t: tok.decode([t])
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    """The request's body as JSON. Reads no more than `limit` + 1 bytes, whatever the body's
-    length (a chunked body has none): 413 past the limit. Anything else that is not JSON is a
-    400: bad syntax, bytes that are not UTF-8, an integer of more digits than Python converts,
-    nesting deeper than the parser recurses (the last two are not `JSONDecodeError`s)."""
-    raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > limit:
-            raise ApiError(413, f"the request body is over the {limit}-byte limit")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-
-
-async def _client_gone(request: Request) -> None:
-    """Return once the client has hung up: after the body, the ASGI receive channel has only
-    `http.disconnect` left to say. (`Request.is_disconnected` never sees it here: under the
-    `guard` middleware, Starlette's BaseHTTPMiddleware, its instant check loses the message.)"""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _hold_max_tokens(body: dict, req: ParsedRequest, limit: int) -> ParsedRequest:
@@ -320,40 +320,19 @@ def _tokenize(engine: Engine, req: ParsedRequest, limit: int = 0) -> list[int]:
 async def _complete(
     request: Request, sched: Scheduler, job: Job, req: ParsedRequest, n_prompt: int, piece
 ) -> Response:
-    parts: list[str] = []
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        while True:
-            event = asyncio.ensure_future(job.events.get())
-            await asyncio.wait((event, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not event.done():  # the client left: release the request's caches now
-                event.cancel()
-                sched.cancel(job)
-                return Response(status_code=499)
-            kind, payload = event.result()
-            if kind == "text":
-                parts.append(payload[0])
-            elif kind == "error":
-                status, message = payload
-                field = ("messages" if req.chat else "prompt") if status == 400 else None
-                kind_ = "invalid_request_error" if status < 500 else "server_error"
-                return _error(ApiError(status, message, field, kind=kind_))
-            else:
-                result = payload
-                logprobs = protocol.logprobs(req, result.logprobs or [], piece)
-                return JSONResponse(
-                    protocol.response(
-                        req,
-                        job.id,
-                        "".join(parts),
-                        result.finish_reason,
-                        n_prompt,
-                        result.summary,
-                        logprobs,
-                    )
-                )
-    finally:
-        gone.cancel()
+    end = await jobs.ended(request, sched, job)
+    if end is None:
+        return Response(status_code=499)
+    if end.result is None:
+        field = ("messages" if req.chat else "prompt") if end.status == 400 else None
+        kind = "invalid_request_error" if end.status < 500 else "server_error"
+        return _error(ApiError(end.status, end.message, field, kind=kind))
+    logprobs = protocol.logprobs(req, end.result.logprobs or [], piece)
+    return JSONResponse(
+        protocol.response(
+            req, job.id, end.text, end.result.finish_reason, n_prompt, end.result.summary, logprobs
+        )
+    )
 
 
 async def _stream(
@@ -380,8 +359,7 @@ async def _stream(
 
     first = True
     try:
-        while True:
-            kind, payload = await job.events.get()
+        async for kind, payload in jobs.events(job):
             if kind == "text":
                 text, emitted = payload
                 lp = logprobs(job.req.logprobs[sent["tokens"] : emitted]) if job.req else None
@@ -395,15 +373,13 @@ async def _stream(
                         message, "invalid_request_error" if status < 500 else "server_error"
                     )
                 )
-                break
-            else:
+            elif kind == "done":
                 result = payload
                 lp = logprobs((result.logprobs or [])[sent["tokens"] :])
                 obj = protocol.chunk(req, job.id, created, None, result.finish_reason, first, lp)
                 yield sse(with_usage(obj, result.summary.emitted))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(req, job.id, created, n_prompt, result.summary))
-                break
         yield b"data: [DONE]\n\n"
     finally:
         sched.cancel(job)  # a client that left mid-stream: release its caches now
