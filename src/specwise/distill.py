@@ -554,7 +554,7 @@ def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
     if model is not None and hasattr(model, "get_output_embeddings"):
         return model.get_output_embeddings().weight.detach().float().numpy()[ids]
     path = Path(target.info.model)
-    if path.suffix != ".gguf" or not path.is_file():
+    if not path.is_file():  # a GGUF file, whatever its name (an Ollama blob has no suffix)
         return None
     import gguf
 

@@ -123,9 +123,9 @@ def model_layers(path: Path) -> int:
         config = json.loads((path / "config.json").read_text())
         n = config.get("num_hidden_layers") or config.get("n_layer")
     else:
-        from specwise.backends.gguf_header import metadata
+        from specwise.gguf_header import read_header
 
-        meta = metadata(path)
+        meta = read_header(path).metadata
         n = meta.get(f"{meta.get('general.architecture')}.block_count")
     if not n:
         raise ValueError(f"{path} does not say how many layers its model has")
