@@ -14,6 +14,7 @@ from specwise import Engine, SamplingParams, distill
 from specwise.adapt import Adapter, Answers, Replay
 from specwise.drafters.eagle import EagleDrafter, Layer
 from specwise.drafters.heads import Heads, HeadsDrafter
+from specwise.eagle_training import FINAL_LR
 from specwise.oracle import plain_decode
 from toy import ToyLM
 
@@ -28,8 +29,8 @@ def _setup(scope="global", **kw):
 
 
 def _setup_layer(**kw):
-    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=True)
-    layer = Layer(target.hidden_size, list(range(6)), 6, width=16, seed=0)
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=(0, 1, 2))
+    layer = Layer(36, (0, 1, 2), list(range(6)), 6, width=16, seed=0)
     layer.ready()
     adapter = Adapter(layer, **kw)
     engine = Engine(target, EagleDrafter(layer, adapter), k=1, learner=adapter)
@@ -84,7 +85,7 @@ def test_a_finished_request_becomes_examples_labelled_with_the_tokens_after_each
     for i, (h, lab) in enumerate(zip(replay.hidden[:n], replay.labels[:n], strict=True)):
         p = first + i
         if p:  # the toy's state is the one-hot code of the last two tokens: it names p
-            assert divmod(int(np.argmax(h)), 6) == (ctx[p - 1], ctx[p])
+            assert divmod(int(np.argmax(h[:36])), 6) == (ctx[p - 1], ctx[p])  # its first layer
         assert lab.tolist() == [ctx[p + 1 + j] if p + 1 + j < len(ctx) else -1 for j in (1, 2)]
     assert adapter._states == {} and adapter._seqs == {}  # nothing kept of the request
 
@@ -184,7 +185,7 @@ def test_a_finished_request_becomes_one_answer_for_the_layer():
     for i, h in enumerate(hidden):
         p = first + i
         if p:  # the toy's state names the last two tokens, so its position
-            assert divmod(int(np.argmax(h)), 6) == (ctx[p - 1], ctx[p])
+            assert divmod(int(np.argmax(h[:36])), 6) == (ctx[p - 1], ctx[p])  # its first layer
         assert tokens[i] == ctx[p + 1]
         assert labels[i] == (ctx[p + 2] if p + 2 < len(ctx) else -1)
     assert adapter.examples == len(labels) - 1 and adapter._states == {}
@@ -364,7 +365,7 @@ def test_bad_settings_are_one_clear_error(kw, words):
 
 def test_each_network_adapts_at_the_rate_it_was_trained_at():
     assert Adapter(Heads(4, 1, [0, 1], 2)).lr == distill.HEADS_LR
-    assert Adapter(Layer(4, [0, 1], 2, width=8)).lr == distill.LAYER_LR < distill.HEADS_LR
+    assert Adapter(Layer(4, (0, 1), [0, 1], 2, width=8)).lr == FINAL_LR < distill.HEADS_LR
     assert Adapter(Heads(4, 1, [0, 1], 2), lr=0.01).lr == 0.01
 
 
@@ -450,12 +451,17 @@ def test_bench_adapt_reports_windows_and_the_last_over_the_first(d):
 def test_bench_adapt_runs_the_eagle_layer_three_ways_on_a_real_target(
     smollm2_path, tmp_path, capsys
 ):
-    from specwise.backends.llama_cpp import LlamaCppLM
+    from specwise.backends import ik_llama
     from specwise.bench import adapt
     from specwise.cli import main
+    from specwise.drafters.eagle import layers_for
 
-    target = LlamaCppLM(smollm2_path, context_length=512, max_sequences=4, hidden=True)
-    layer = Layer(target.hidden_size, list(range(1024)), target.vocab_size, width=16)
+    if not ik_llama.available():
+        pytest.skip(ik_llama.UNAVAILABLE)
+    layers = layers_for(30)  # SmolLM2-135M's 30 layers
+    target = ik_llama.IkLlamaLM(smollm2_path, context_length=512, max_sequences=4, hidden=layers)
+    d = target.hidden_size // 3
+    layer = Layer(d, layers, list(range(1024)), target.vocab_size, width=16)
     lines = adapt.run(target, layer, tmp_path, requests=2, max_tokens=6, budget=1.0)
     rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert [r["config"] for r in rows] == ["plain", "eagle", "eagle+adapt"] * 2

@@ -1,227 +1,297 @@
-"""The EAGLE-style drafter (`drafters.eagle`): exactness (greedy equality with plain decoding;
-the emitted distribution under sampling, enumerated), the layer's cache read in pieces against
-one forward over the whole answer, the hidden states a backend keeps (`LM.hiddens`), training
-on a toy target, and its errors."""
+"""The EAGLE-3-style drafter (`drafters.eagle`): exactness of its trees and chains (greedy
+equality with plain decoding; the emitted distribution under sampling, every outcome
+enumerated), drafting against training (what the cache and the tree compute is what the
+training-time test computes), the tree's order, the layer states a backend keeps, the teacher's
+data and training on a toy target, and its errors."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from specwise import Engine, SamplingParams, distill
-from specwise.backends.base import HiddenLog
+from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
-from specwise.drafters.eagle import EagleDrafter, Layer
-from specwise.drafters.heads import Heads
+from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
 from specwise.oracle import plain_decode
-from test_heads import (
-    SAMPLED,
-    assert_emits_the_target_distribution,
-    assert_greedy_plain_and_accepted,
-    toy_training_data,
-)
-from toy import ToyLM, tiny_llama
+from test_heads import SAMPLED, assert_emits_the_target_distribution
+from toy import ToyLM, ToyTokenizer, tiny_llama
+
+LAYERS = (0, 1, 2)
 
 
-def _toy_layer(lm, seed: int = 0, width: int = 16) -> Layer:
+def _toy_layer(lm, seed: int = 0, width: int = 16, depth: int = 3) -> Layer:
+    """A layer with random weights large enough that its drafts depend on the context."""
     import torch
 
     v = lm.vocab_size
-    layer = Layer(lm.hidden_size, list(range(v)), v, width=width, seed=seed)
-    with torch.no_grad():  # a random way back, so that the layer's drafts depend on the answer
-        layer.module.back.weight.normal_(0, 1.0)
-        layer.module.out.weight.normal_(0, 1.0)
+    layer = Layer(v * v, LAYERS, list(range(v)), v, width=width, depth=depth, seed=seed)
+    with torch.no_grad():
+        for p in layer.module.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
     layer.publish()
     return layer
 
 
-def test_eagle_greedy_equals_plain():
-    target = ToyLM(vocab=12, seed=3, hidden=True)
+@pytest.mark.parametrize("trees", [True, False])
+def test_eagle_greedy_equals_plain(trees):
+    target = ToyLM(vocab=12, seed=3, hidden=LAYERS)
+    target.trees = trees
     prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
     params = SamplingParams(max_tokens=40)
-    res = Engine(target, EagleDrafter(_toy_layer(target)), k=1).generate(prompt, params)
+    res = Engine(target, EagleDrafter(_toy_layer(target)), k=6).generate(prompt, params)
     assert res.tokens == plain_decode(target, prompt, params)
-    assert res.summary.proposed > 20  # it drafted in (nearly) every round
+    assert res.summary.proposed > 40  # it drafted in every round
+    depths = [r.depth for r in res.rounds if r.proposed]
+    assert any(d is not None for d in depths) == trees  # trees only where the target takes them
 
 
 def test_eagle_on_a_torch_target_greedy_equals_plain():
-    target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0), hidden=True)
-    layer = Layer(target.hidden_size, list(range(16)), 16, width=16, seed=1)
+    target = TorchLM(tiny_llama(vocab=16, seed=0, sharpen=4.0, layers=3), hidden=LAYERS)
+    layer = Layer(target.hidden_size // 3, LAYERS, list(range(16)), 16, width=16, seed=1)
     prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
     params = SamplingParams(max_tokens=30)
-    res = Engine(target, EagleDrafter(layer), k=1).generate(prompt, params)
+    res = Engine(target, EagleDrafter(layer), k=3).generate(prompt, params)
     assert res.tokens == plain_decode(target, prompt, params)
     assert res.summary.proposed > 10
 
 
+@pytest.mark.parametrize("trees", [True, False])
 @pytest.mark.parametrize("params", SAMPLED)
-def test_eagle_sampling_emits_exactly_the_target_distribution(params):
-    target = ToyLM(vocab=3, seed=5, hidden=True)
-    engine = Engine(target, EagleDrafter(_toy_layer(target)), k=1)
-    assert_emits_the_target_distribution(engine, target, [0, 2, 1], params)
+def test_eagle_sampling_emits_exactly_the_target_distribution(params, trees):
+    target = ToyLM(vocab=3, seed=5, hidden=LAYERS)
+    target.trees = trees
+    engine = Engine(target, EagleDrafter(_toy_layer(target, depth=2), beam=2), k=3)
+    # room for whole trees: the first 3 tokens are enumerated, the drafts may run past them
+    assert_emits_the_target_distribution(engine, target, [0, 2, 1], replace(params, max_tokens=8))
+
+
+def test_a_deliberately_wrong_tree_rule_fails_the_distribution_check(monkeypatch):
+    """The check above can fail: a verifier that keeps a sampled tree's first child whatever
+    the target drew emits another distribution."""
+    import specwise.engine as engine_module
+    from specwise.verify import Verdict
+
+    def always_first(tokens, parents, p, sampler):
+        x = sampler.categorical(p[1])  # the token after the first child, as if it were right
+        return Verdict(1, [tokens[0], x], False, (0,))
+
+    monkeypatch.setattr(engine_module, "tree_sample_and_match", always_first)
+    target = ToyLM(vocab=3, seed=5, hidden=LAYERS)
+    engine = Engine(target, EagleDrafter(_toy_layer(target, depth=2), beam=2), k=3)
+    with pytest.raises(AssertionError):
+        params = replace(SAMPLED[0], max_tokens=8)
+        assert_emits_the_target_distribution(engine, target, [0, 2, 1], params)
 
 
 def test_eagle_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
-    """k=auto over the layer and the n-gram drafter: rounds the layer is not given leave
-    positions it reads later (all of them: the target keeps every state)."""
+    """k=auto over the layer and the n-gram drafter: the controller takes prefixes of the
+    layer's trees; rounds it gives the n-gram drafter leave positions the layer reads later."""
     from specwise.controller import Controller
     from specwise.drafters import NgramDrafter
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
-    target = ToyLM(vocab=12, seed=3, hidden=True, delay_ms=(2.0, 0.1))
+    target = ToyLM(vocab=12, seed=3, hidden=LAYERS, delay_ms=(2.0, 0.1))
     prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
     params = SamplingParams(max_tokens=60)
     drafters = [NgramDrafter(), EagleDrafter(_toy_layer(target))]
     engine = Engine(target, drafters, k="auto", controller=Controller.calibrated(target, drafters))
     res = engine.generate(prompt, params)
     assert res.tokens == plain_decode(target, prompt, params)
-    eagle = [r for r in res.rounds if r.drafter == "eagle"]
-    assert eagle and all(r.proposed == 1 for r in eagle)  # begun lazily, at its first round
 
 
-def test_the_cache_read_in_pieces_gives_the_logits_of_one_forward_over_the_answer():
-    """What the drafter computes round by round is what training computes over a whole answer."""
+def test_drafting_computes_what_the_training_time_test_computes():
+    """Committed positions read in pieces, then a chain expanded on the data's own tokens:
+    the logits of every depth are those of `unroll` over the whole sequence (float), and the
+    int8 copy's within int8's error."""
     import torch
 
-    target = ToyLM(vocab=8, seed=1, hidden=True)
-    layer = _toy_layer(target, width=24)
+    target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
+    layer = _toy_layer(target, width=24, depth=4)
     rng = np.random.default_rng(0)
-    h = rng.standard_normal((9, target.hidden_size)).astype(np.float32)
-    t = rng.integers(0, 8, size=9)
+    s = rng.standard_normal((12, layer.state_size)).astype(np.float32)
+    t = rng.integers(0, 8, size=15)
     with torch.inference_mode():
-        whole = layer.module(torch.from_numpy(h)[None], torch.from_numpy(layer.index(t))[None])[0]
-        cache, at = layer.new_cache(), 0
-        for n in (1, 3, 1, 4):
-            last = layer.module.step(
-                torch.from_numpy(h[at : at + n]),
-                torch.from_numpy(layer.index(t[at : at + n])),
-                cache,
-            )
-            at += n
-            np.testing.assert_allclose(last.numpy(), whole[at - 1].numpy(), rtol=1e-4, atol=1e-4)
-    assert cache.n == 9 and len(cache.keys) >= 9
-    cache = layer.new_cache()  # the int8 copy the drafter runs: the same logits, to int8's error
-    layer.step(cache, h[:5], t[:5])
-    fast, want = layer.step(cache, h[5:], t[5:]), whole[-1].numpy()
-    np.testing.assert_allclose(fast, want, atol=0.05 * np.abs(want).max())
+        whole = layer.module.unroll(
+            torch.from_numpy(s)[None], torch.from_numpy(layer.index(t))[None], 4
+        )
+        for net, tol in ((layer.module, 1e-4), (layer._fast, None)):
+            i, at = 7, 0
+            cache = Cache(net, torch.zeros(0, 8, 3), torch.zeros(0, 8, 3))
+            for n in (1, 3, 4):
+                a, lg = net.read(
+                    torch.from_numpy(s[at : at + n]), torch.from_numpy(layer.index(t[at : at + n])),
+                    cache,
+                )
+                at += n
+            assert at == i + 1 and cache.n == 8
+            got = [lg]
+            f, ck, cv = a[None], torch.zeros(1, 0, 8, 3), torch.zeros(1, 0, 8, 3)
+            for j in range(1, 4):
+                x = torch.from_numpy(layer.index([t[i + j]]))
+                f, lgj, ck, cv = net.expand(f, x, cache, ck, cv)
+                got.append(lgj[0])
+            for j in range(4):
+                want = whole[j][0, i].numpy()
+                if tol:
+                    np.testing.assert_allclose(got[j].numpy(), want, atol=tol)
+                elif j == 0:
+                    np.testing.assert_allclose(got[j].numpy(), want, atol=0.06 * abs(want).max())
+                else:  # int8's error compounds through the features fed back
+                    assert np.corrcoef(got[j].numpy(), want)[0, 1] > 0.95
 
 
-def test_a_hidden_log_keeps_consecutive_positions_through_cuts_and_a_kept_path():
-    log = HiddenLog(2)
-    rows = np.arange(20, dtype=np.float32).reshape(10, 2)
-    log.put(4, rows[:1])  # a prefill's last row: position 4
-    assert log.since(0, 5).tolist() == [[0, 1]] and log.since(0, 4) is None
-    log.put(5, rows[1:4])  # positions 5..7
-    log.cut(6)  # rollback to 6 tokens
-    assert log.since(4, 6).tolist() == rows[:2].tolist() and log.since(4, 7) is None
-    assert log.since(5, 6).tolist() == rows[1:2].tolist()
-    log.put(6, rows[4:8])  # a tree of 4 at 6: keep tree tokens 0, 2
-    log.reorder(6, [0, 2])
-    assert log.since(6, 8).tolist() == [rows[4].tolist(), rows[6].tolist()]
-    log.put(12, rows[8:])  # not following on: the log starts again
-    assert len(log.since(8, 14)) == 2 and log.at(13).tolist() == rows[9].tolist()
-    assert log.at(11) is None
+def test_a_tree_lists_the_best_nodes_a_parent_before_its_children():
+    target = ToyLM(vocab=10, seed=2, hidden=LAYERS)
+    layer = _toy_layer(target, width=16, depth=4)
+    cache = layer.new_cache()
+    rng = np.random.default_rng(1)
+    a, lg = layer.read(cache, rng.standard_normal((5, layer.state_size)), [1, 2, 3, 4, 5])
+    tree = propose_tree(layer, cache, a, lg, 15, 3)
+    assert len(tree.tokens) == 15 and tree.parents[0] == -1
+    assert all(q < i for i, q in enumerate(tree.parents))  # a parent first
+    assert tree.cumulative == sorted(tree.cumulative, reverse=True)
+    for i, q in enumerate(tree.parents):  # cumulative = the product along the path
+        want = tree.confidence[i] * (tree.cumulative[q] if q >= 0 else 1.0)
+        assert tree.cumulative[i] == pytest.approx(want, rel=1e-6)
+    chain = propose_tree(layer, cache, a, lg, 15, 1)
+    assert chain.parents == [-1, 0, 1, 2]  # beam 1: the best chain, the layer's depth long
+    assert chain.tokens[0] == tree.tokens[0]
 
 
-def test_a_torch_target_keeps_every_state_through_a_rollback():
-    target = TorchLM(tiny_llama(vocab=16, seed=0), hidden=True)
-    target.forward([(1, [1, 2, 3, 4])], last_only=True)
+def test_layer_states_are_every_fed_token_and_read_equals_forward():
+    target = TorchLM(tiny_llama(vocab=16, seed=0, layers=3), hidden=(0, 2))
+    assert target.hidden_layers == (0, 2) and target.hidden_size == 64
+    target.forward([(1, [1, 2, 3, 4])], last_only=True)  # a prefill keeps every position
     target.forward([(1, [5, 6, 7])])
     target.truncate(1, 6)
     target.forward([(1, [8, 9])])
-    got = target.hiddens(1, 3)
-    target.forward([(2, [1, 2, 3, 4, 5, 6, 8, 9])])
-    want = target.hiddens(2, 3)
-    np.testing.assert_allclose(got, want, atol=1e-5)
-    assert len(target.hiddens(1, 0)) == 5  # the prefill kept its last row only: from 3 on
-    assert target.hiddens(1, 9).shape == (0, target.hidden_size)  # past the sequence's end
-    np.testing.assert_array_equal(target.hidden(1), got[-1])
+    got = target.hiddens(1, 0)
+    assert got.shape == (8, 64)
+    states, final = target.read(2, [1, 2, 3, 4, 5, 6, 8, 9])
+    np.testing.assert_allclose(states, got, atol=1e-5)
+    assert final.shape == (8, 32)
+    with pytest.raises(ValueError, match=r"hidden layers \[0, 5\] are invalid"):
+        TorchLM(tiny_llama(vocab=16, seed=0, layers=3), hidden=(0, 5))
+
+
+def _prompts(n: int) -> list[str]:
+    """n distinct 5-letter prompts over the toy's letters."""
+    return ["".join("abcdef"[(i * 7) // 6**j % 6] for j in range(5)) for i in range(n)]
+
+
+def _toy_data(folder, n_prompts: int = 60):
+    """A toy target with layer states, its answers to `n_prompts` prompts (greedy and sampled
+    in turn) and a read text, written by the teacher to `folder`: (target, Data)."""
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=LAYERS)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    target.eos_token_ids = frozenset()
+    writer = teacher.Writer(folder)
+    prompts = _prompts(n_prompts)
+    teacher.answer(target, prompts, writer, lambda: False, sequences=4, max_tokens=24)
+    writer.flush()
+    return target, teacher.Data(folder)
+
+
+def test_the_teachers_answers_hold_the_target_distribution_at_every_position(tmp_path):
+    import torch
+
+    target, data = _toy_data(tmp_path, 8)
+    assert len(data.meta) == 8 and data.state_size == 3 * 36
+    for q, meta in enumerate(data.meta):
+        a, n = int(data.starts[q]), int(data.lengths[q])
+        tokens = data.tokens[a : a + n].tolist()
+        assert n == 5 + 24 - 1  # the last emitted token was never fed
+        np.testing.assert_array_equal(data.states(a, a + n), _states_of(target, tokens))
+        p = torch.softmax(torch.from_numpy(target.next_logits(tokens[:5])), -1)
+        assert data.label_ids[a + 4, 0] == int(p.argmax()) == data.top1[a + 4]
+        assert not data.train[a : a + 4].any() and data.train[a + 4 : a + n].all()
+        if meta["greedy"]:  # the answer's tokens are the labels' argmaxes
+            assert (data.tokens[a + 5 : a + n] == data.label_ids[a + 4 : a + n - 1, 0]).all()
+    # a second writer on the folder skips what was done, and resumes nothing twice
+    writer = teacher.Writer(tmp_path)
+    assert writer.positions("answer") == len(data)
+    teacher.answer(target, _prompts(8)[:3], writer, lambda: False)
+    assert writer.positions("answer") == len(data)
+
+
+def _states_of(target, tokens):
+    seq = 777
+    states, _ = target.read(seq, tokens)
+    target.release(seq)
+    return states.astype(np.float16)
+
+
+def test_reading_a_text_labels_it_with_the_targets_distribution(tmp_path):
+    from specwise.corpus import Chunk, Document
+
+    class Framed(ToyTokenizer):  # every chat framing is the same three tokens
+        def render_chat(self, messages):
+            return [0, 1, 2]
+
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=LAYERS)
+    target.tokenizer = Framed([*"abcdef"])
+    target.eos_token_ids = frozenset({5})
+    writer = teacher.Writer(tmp_path)
+    doc = Document("python", "x.py", "x.py", "abcabcabd", "python")
+    chunks = iter([Chunk(doc, 0, "abcabcabd")])
+    import torch
+
+    rows = torch.from_numpy(target.unembedding())
+    teacher.read(target, chunks, writer, lambda: False, rows, np.arange(6))
+    writer.flush()
+    data = teacher.Data(tmp_path, kinds=("read",))
+    head = 3
+    tokens = data.tokens.tolist()
+    assert tokens[-1] == 5 and len(tokens) == head + 9 + 1
+    for i in range(len(tokens)):
+        p = torch.softmax(torch.from_numpy(target.next_logits(tokens[: i + 1])), -1)
+        assert data.label_ids[i, 0] == int(p.argmax())
+        assert float(data.label_probs[i, 0]) == pytest.approx(float(p.max()), abs=1e-3)
+    assert data.train.tolist() == [head - 1 <= i < len(tokens) - 1 for i in range(len(tokens))]
 
 
 def test_training_on_a_toy_target_learns_a_layer_that_is_accepted(tmp_path):
-    """`specwise heads train --arch eagle` but the model: data with the tokens that followed,
-    training, a held-out score; then the layer drafts and is accepted."""
-    target, data = toy_training_data(tmp_path)
-    assert data.tokens.shape == (60 * 24,)
-    assert (data.tokens[data.seq % 2 == 0] == data.top_ids[data.seq % 2 == 0, 0]).all()
-    layer = Layer(36, distill.choose_vocab(data, 6), 6, width=32, seed=0)
-    result = distill.train_layer(layer, data, seconds=8.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
-    assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
-    assert_greedy_plain_and_accepted(Engine(target, EagleDrafter(layer), k=1), target)
+    target, data = _toy_data(tmp_path / "data")
+    ids = eagle_training.choose_vocab(data, 6)
+    layer = Layer(36, LAYERS, ids, 6, width=32, depth=3, seed=0)
+    before = eagle_training.evaluate(layer, data)
+    result = eagle_training.train(layer, data, seconds=10.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
+    assert result["alpha"][0] > 0.7 and result["alpha"][0] > before["alpha"][0] + 0.2, result
+    assert result["by_kind"]["greedy"]["alpha"][1] > 0.6, result  # depth 2: training-time test
+    assert result["chain_tau"] > 1.0
+    greedy = SamplingParams(max_tokens=30)
+    prompt = [0, 3, 1, 4]
+    res = Engine(target, EagleDrafter(layer), k=6).generate(prompt, greedy)
+    assert res.tokens == plain_decode(target, prompt, greedy)
+    assert res.summary.mean_accepted_length > 1.8, res.summary
+    again = Layer(36, LAYERS, ids, 6, width=32, depth=3, seed=5)  # resumes from the checkpoint
+    got = eagle_training.train(again, data, seconds=1.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
+    assert got["steps"] > result["steps"]
 
 
-def test_data_written_before_tokens_were_recorded_reads_the_greedy_answers_tokens(tmp_path):
-    hidden = np.zeros((4, 2), np.float16)
-    ids = np.array([[5] * 16, [6] * 16, [7] * 16, [8] * 16], np.int32)
-    np.savez(
-        tmp_path / "shard-00000.npz",
-        hidden=hidden,
-        ids=ids,
-        probs=np.ones((4, 16), np.float16),
-        seq=[0, 0, 1, 1],
-    )
-    assert distill.load_data(tmp_path).tokens.tolist() == [5, 6, -1, -1]
-
-
-def test_eagle_refuses_a_target_without_hidden_states_or_of_another_shape(tmp_path):
-    layer = Layer(9, [0, 1, 2], 3, width=8)
-    with pytest.raises(ValueError, match="loaded without them"):
+def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(tmp_path):
+    layer = Layer(9, LAYERS, [0, 1, 2], 3, width=8)
+    with pytest.raises(ValueError, match="no layer states"):
         EagleDrafter(layer).bind(ToyLM(vocab=3))
-    with pytest.raises(ValueError, match="width 9"):
-        EagleDrafter(layer).bind(ToyLM(vocab=4, hidden=True))
+    with pytest.raises(ValueError, match=r"reads the target's layers \[0, 1, 2\]"):
+        EagleDrafter(layer).bind(ToyLM(vocab=3, hidden=(0, 1)))
+    with pytest.raises(ValueError, match="vocabulary of 3 tokens"):
+        EagleDrafter(Layer(16, LAYERS, [0, 1, 2], 3, width=8)).bind(ToyLM(vocab=4, hidden=LAYERS))
     with pytest.raises(ValueError, match="multiple of 8"):
-        Layer(9, [0, 1], 3, width=12)
+        Layer(9, LAYERS, [0, 1], 3, width=12)
+    with pytest.raises(ValueError, match="beam = 0"):
+        EagleDrafter(layer, beam=0)
     layer.meta["key"] = "abc"
     layer.save(tmp_path / "e.pt")
     again = Layer.load(tmp_path / "e.pt")
-    h = np.ones((2, 9), np.float32)
-    np.testing.assert_array_equal(
-        again.step(again.new_cache(), h, [0, 1]), layer.step(layer.new_cache(), h, [0, 1])
-    )
+    assert again.layers == LAYERS and again.depth == layer.depth and again.meta["key"] == "abc"
+    h = np.ones((2, 27), np.float32)
+    got = again.read(again.new_cache(), h, [0, 1])[1].numpy()
+    want = layer.read(layer.new_cache(), h, [0, 1])[1].numpy()
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-3)  # float16 file
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
         Layer.load(tmp_path / "bad.pt")
-
-
-def test_score_splits_the_held_out_answers_into_greedy_and_sampled(tmp_path):
-    _target, data = toy_training_data(tmp_path)
-    layer = Layer(36, distill.choose_vocab(data, 6), 6, width=16, seed=0)
-    got = distill.score(layer, data)
-    held = distill._split(data)[1]
-    assert got["all"] == distill.evaluate_layer(layer, data, held)
-    assert got["greedy"]["scored"] + got["sampled"]["scored"] == got["all"]["scored"] > 0
-    greedy = held[data.seq[held] % 2 == 0]
-    assert got["greedy"] == distill.evaluate_layer(layer, data, greedy)
-    heads = Heads(36, 2, distill.choose_vocab(data, 6), 6, seed=0)
-    assert distill.score(heads, data)["all"] == distill.evaluate(heads, data, held)
-
-
-def test_heads_score_prints_each_trained_network_held_out(
-    smollm2_path, tmp_path, monkeypatch, capsys
-):
-    """`specwise heads score`: the networks in the target's folder, scored on its data; a file
-    that is no network, a missing one, and no data are one sentence each."""
-    from specwise.cli import main
-    from specwise.drafters.heads import heads_path
-
-    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
-    argv = ["heads", "score", "--target", str(smollm2_path)]
-    assert main(argv) == 2
-    assert "no drafting heads or layer are trained" in capsys.readouterr().err
-    folder = heads_path(smollm2_path)
-    layer = Layer(36, [0, 1, 2, 3, 4, 5], 6, width=16, seed=0, meta={"positions": 7})
-    folder.mkdir(parents=True)
-    layer.save(folder / "eagle.pt")
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "holds no self-distillation data" in err and "Traceback" not in err
-    toy_training_data(folder / "work")
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert f"{folder / 'eagle.pt'}: trained on 7 positions; held out, its argmax" in out
-    assert "(greedy answers 0." in out and ", sampled 0." in out
-    (tmp_path / "bad.pt").write_bytes(b"no network")
-    for f, words in ((tmp_path / "bad.pt", "holds neither"), (tmp_path / "no.pt", "no such file")):
-        assert main([*argv, "--file", str(f)]) == 2
-        err = capsys.readouterr().err
-        assert words in err and len(err.strip().splitlines()) == 1

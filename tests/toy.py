@@ -76,7 +76,9 @@ class ToyLM:
     """A real LM (the protocol, with caches and rollback) whose next-token logits are a fixed
     random function of the last two tokens: fast enough for thousands of seeded runs. With
     hidden=True its hidden state at a position is the one-hot code of those two tokens
-    (hidden_size vocab**2), all that its next logits depend on."""
+    (hidden_size vocab**2), all that its next logits depend on; with hidden=(i, j, ...)
+    (layer states) it is that code once per layer, the i-th scaled by i + 1, and `read` gives
+    the code as the final state (`unembedding()` its output rows)."""
 
     def __init__(
         self,
@@ -86,10 +88,11 @@ class ToyLM:
         context_length: int = 256,
         eos: Sequence[int] = (),
         delay_ms: tuple[float, float] = (0.0, 0.0),
-        hidden: bool = False,
+        hidden: bool | tuple[int, ...] = False,
     ) -> None:
         rng = np.random.default_rng(seed)
-        self.hidden_size = vocab * vocab if hidden else 0
+        self.hidden_layers = () if isinstance(hidden, bool) else tuple(hidden)
+        self.hidden_size = vocab * vocab * max(1, len(self.hidden_layers)) if hidden else 0
         self.delay_ms = delay_ms  # (per call, per token): makes costs realistic for timing tests
         self.table = (rng.standard_normal((vocab, vocab, vocab)) * scale).astype(np.float32)
         self.vocab_size = vocab
@@ -147,11 +150,27 @@ class ToyLM:
         cache = self.caches.get(seq, [])
         if not self.hidden_size or seq in self.pending or not 0 <= start <= len(cache):
             return None
-        out = np.zeros((len(cache) - start, self.hidden_size), dtype=np.float32)
+        code = self._codes(cache, start)
+        if not self.hidden_layers:
+            return code
+        return np.concatenate([code * (i + 1) for i in self.hidden_layers], axis=1)
+
+    def _codes(self, cache, start):  # [len(cache) - start, vocab**2]: the one-hot codes
+        out = np.zeros((len(cache) - start, self.vocab_size**2), dtype=np.float32)
         for i, p in enumerate(range(start, len(cache))):
             a = cache[p - 1] if p > 0 else 0
             out[i, a * self.vocab_size + cache[p]] = 1.0
         return out
+
+    def read(self, seq, tokens):
+        start = self.length(seq)
+        self.forward([(seq, tokens)])
+        return self.hiddens(seq, start), self._codes(self.caches[seq], start)
+
+    def unembedding(self):
+        """The output rows [vocab, vocab**2]: logits = final state @ rows.T."""
+        v = self.vocab_size
+        return np.ascontiguousarray(self.table.reshape(v * v, v).T)
 
     def keep(self, seq, path):
         base, tokens, parents = self.pending.pop(seq)

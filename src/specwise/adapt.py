@@ -4,14 +4,15 @@ server serves (online speculative decoding, OSD: Liu et al., arXiv 2310.07177), 
 (`drafters.eagle`).
 
 What it learns from. The engine shows it the target after every round of every request
-(`observe`), and it keeps the final hidden state h_p of every position p of the answer, the
+(`observe`), and it keeps the hidden state h_p (the heads': the final one; the layer's: the
+outputs of the layers it reads) of every position p of the answer, the
 state whose logits gave the token at p+1 (from the prompt's last position on: what a backend
 keeps of a sequence, `LM.hiddens`), as `distill` records for training. When the request ends
 (`finish`), for the heads each state becomes one example whose labels are the tokens the target
 emitted at p+2 .. p+1+H (head i's answer, as an index into the heads' vocabulary; -1 where the
 token is outside it or past the end); for the layer the answer becomes one example: the
 states, the token that followed each, and the token after that as its label (the layer reads
-the whole answer, `distill.train_layer`).
+the whole answer, `eagle_training`; at its first draft depth only).
 Under greedy decoding the labels are the target's argmaxes; sampled, they are draws from the
 target, whose cross-entropy has the expectation (and the gradient) of the soft one that
 `distill` trains with. A failed or cancelled request teaches nothing. Examples go to a
@@ -59,9 +60,10 @@ from typing import Any
 import numpy as np
 
 from specwise.backends.base import LM
-from specwise.distill import HEADS_LR, LAYER_LR
+from specwise.distill import HEADS_LR
 from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads, vocab_index
+from specwise.eagle_training import FINAL_LR
 from specwise.request import Request
 
 __all__ = ["SCOPES", "Adapter", "Answers", "Replay"]
@@ -205,7 +207,7 @@ class _LayerWork(_Work):
     that followed it and the one after that as its label (module docstring)."""
 
     name = "eagle"
-    lr = LAYER_LR  # the rate it was trained at
+    lr = FINAL_LR  # the rate its training ended at
 
     def replay(self, capacity: int) -> Answers:
         return Answers(capacity)
@@ -233,7 +235,7 @@ class _LayerWork(_Work):
         import torch
 
         width = max(len(a[2]) for a in drawn)
-        h = torch.zeros(len(drawn), width, net.hidden_size)
+        h = torch.zeros(len(drawn), width, net.state_size)
         t = torch.full((len(drawn), width), len(net.ids), dtype=torch.long)
         y = torch.full((len(drawn), width), -1, dtype=torch.long)
         for b, (hidden, tokens, labels) in enumerate(drawn):

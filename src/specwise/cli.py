@@ -176,7 +176,8 @@ def _load_models(
 ):
     """(target LM, draft LM or None) from --pair / --target / --draft (default: the default pair).
     max_sequences: sequences decoded at once (1 for a command that runs one request at a time);
-    hidden: the target keeps its hidden states (for the heads drafter)."""
+    hidden: the target keeps its hidden states (True: the final one, for the heads drafter;
+    layer indices: those layers', for the eagle drafter)."""
     from specwise.backends import load_pair
 
     _apply_pair(a)
@@ -207,23 +208,44 @@ def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]
 
 
 def _trained(a: argparse.Namespace, arch: str):
-    """The drafter network trained for the target (`specwise heads train --arch ARCH`: the
-    heads, or the eagle drafter's layer), or UsageError."""
+    """The drafter network for the target: the heads trained here (`specwise heads train`),
+    or the eagle drafter's layer trained here or shipped with specwise for it (`eagle.find`);
+    else UsageError."""
     from specwise.backends import resolve_model
-    from specwise.distill import ARCHS
-    from specwise.drafters.eagle import Layer
+    from specwise.drafters import eagle
     from specwise.drafters.heads import Heads, heads_path
 
     _apply_pair(a)
     model = resolve_model(a.target)
-    path = heads_path(model) / ARCHS[arch]
+    if arch == "eagle":
+        path = eagle.find(model)
+        if path is None:
+            raise UsageError(
+                f"no drafting layer is trained for {model.name} here and none ships for it; "
+                f"make one with `specwise heads data --target {a.target}` then `specwise heads "
+                f"train --target {a.target} --arch eagle`, or drop eagle from --drafter"
+            )
+        return eagle.Layer.load(path)
+    path = heads_path(model) / "heads.pt"
     if not path.exists():
-        what = {"heads": "drafting heads are", "eagle": "drafting layer is"}[arch]
         raise UsageError(
-            f"no {what} trained for {model.name} here; train with `specwise heads train "
-            f"--target {a.target} --arch {arch}` (about 30 minutes), or drop {arch} from --drafter"
+            f"no drafting heads are trained for {model.name} here; train with `specwise heads "
+            f"train --target {a.target}` (about 30 minutes), or drop heads from --drafter"
         )
-    return (Heads if arch == "heads" else Layer).load(path)
+    return Heads.load(path)
+
+
+def _hidden(names: Sequence[str], options: dict[str, dict]) -> bool | tuple[int, ...]:
+    """What the target keeps of its states for the named drafters: the layers the eagle
+    drafter's layer reads, the final state for the heads (not both: UsageError), or nothing."""
+    if "eagle" in names and "heads" in names:
+        raise UsageError(
+            "--drafter names heads and eagle: they read different states of the target (the "
+            "final one, and three layers'); name one of them"
+        )
+    if "eagle" in names:
+        return options["eagle"]["layer"].layers
+    return "heads" in names
 
 
 def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
@@ -241,7 +263,7 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
         a,
         need_draft=need_draft,
         max_sequences=max_sequences,
-        hidden=any(n in READS_STATES for n in names),
+        hidden=_hidden(names, options),
     )
     if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
         try:
@@ -444,7 +466,8 @@ def _bench_adapt(a: argparse.Namespace) -> int:
     if a.temperature < 0:
         raise UsageError(f"--temperature {a.temperature:g} is invalid; use >= 0")
     net = _trained(a, a.drafter)
-    target, _ = _load_models(a, need_draft=False, hidden=True)
+    hidden = net.layers if a.drafter == "eagle" else True
+    target, _ = _load_models(a, need_draft=False, hidden=hidden)
     out = Path(a.out) if a.out else default_out("-adapt")
     lines = adapt.run(
         target,
@@ -751,7 +774,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = _bench_prompts(a)
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
     target, draft = _load_models(
-        a, need_draft=bool(runs_draft), hidden=any(n in READS_STATES for n in drafters)
+        a, need_draft=bool(runs_draft), hidden=_hidden(drafters, options.drafter_options)
     )
     if runs_draft and draft is None:
         raise UsageError(
@@ -1109,17 +1132,18 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _heads_score(a: argparse.Namespace) -> int:
-    """`specwise heads score`: each trained network's held-out score on this machine's data."""
-    from specwise import distill
+    """`specwise heads score`: each trained network's held-out score on this machine's data
+    (the heads on their self-distillation data, an eagle layer on `heads data`'s)."""
+    from specwise import distill, eagle_training, teacher
     from specwise.backends import resolve_model
-    from specwise.drafters.eagle import Layer
+    from specwise.drafters import eagle
     from specwise.drafters.heads import Heads, heads_path
 
     _apply_pair(a)
     model = resolve_model(a.target)
     folder = heads_path(model)
     files = [Path(f) for f in a.file] or [
-        folder / name for name in distill.ARCHS.values() if (folder / name).exists()
+        p for p in (folder / distill.HEADS_FILE, eagle.find(model)) if p and p.exists()
     ]
     if not files:
         raise UsageError(
@@ -1134,25 +1158,40 @@ def _heads_score(a: argparse.Namespace) -> int:
             nets.append(Heads.load(f))
         except ValueError:
             try:
-                nets.append(Layer.load(f))
+                nets.append(eagle.Layer.load(f))
             except ValueError:
                 raise UsageError(
                     f"{f} holds neither drafting heads nor a drafting layer specwise can read"
                 ) from None
-    try:
-        data = distill.load_data(folder / "work")
-    except ValueError as exc:
-        raise UsageError(f"{exc}; `specwise heads train --target {a.target}` makes it") from None
 
     def share(r: dict) -> str:  # the first (head's) share, "—" where nothing was scored
         return f"{r['alone'][0]:.3f}" if r["scored"] else "—"
 
     for f, net in zip(files, nets, strict=True):
+        if isinstance(net, eagle.Layer):
+            try:
+                data = teacher.Data(eagle.data_path(model, net.layers))
+            except ValueError as exc:
+                raise UsageError(f"{exc} (for {f})") from None
+            got = eagle_training.evaluate(net, data)
+            kinds = ", ".join(f"{k} {v['alpha']}" for k, v in got["by_kind"].items())
+            print(
+                f"{f}: trained on {net.meta.get('positions', '?')} positions; held out, its "
+                f"argmax is the target's token at depths 1..{net.depth} {got['alpha']} over "
+                f"{got['scored_positions']} positions ({kinds}); greedy answers' chain τ "
+                f"{got['chain_tau']}"
+            )
+            continue
+        try:
+            data = distill.load_data(folder / "work")
+        except ValueError as exc:
+            raise UsageError(
+                f"{exc}; `specwise heads train --target {a.target}` makes it"
+            ) from None
         got = distill.score(net, data)
-        what = "its first head's" if isinstance(net, Heads) else "its"
         print(
-            f"{f}: trained on {net.meta.get('positions', '?')} positions; held out, {what} "
-            f"argmax is the target's token {share(got['all'])} of the time over "
+            f"{f}: trained on {net.meta.get('positions', '?')} positions; held out, its first "
+            f"head's argmax is the target's token {share(got['all'])} of the time over "
             f"{got['all']['scored']} positions (greedy answers {share(got['greedy'])}, "
             f"sampled {share(got['sampled'])})"
         )
@@ -1188,6 +1227,50 @@ def _heads_data(a: argparse.Namespace) -> int:
     return 0
 
 
+def _heads_train_eagle(a: argparse.Namespace) -> int:
+    """`specwise heads train --arch eagle`: the eagle drafter's layer, on `heads data`'s data."""
+    import time as _time
+
+    from specwise import eagle_training, teacher
+    from specwise.backends import model_layers, resolve_model
+    from specwise.drafters.eagle import FILE, Layer, data_path, layers_for
+    from specwise.drafters.heads import heads_path, model_key
+
+    if a.width < 8 or a.width % 8 or a.depth < 1:
+        raise UsageError(
+            f"--width {a.width}, --depth {a.depth}: use a width that is a multiple of 8 and a "
+            "depth >= 1"
+        )
+    _apply_pair(a)
+    model = resolve_model(a.target)
+    layers = layers_for(model_layers(model))
+    folder = data_path(model, layers)
+    try:
+        data = teacher.Data(folder)
+    except ValueError:
+        raise UsageError(
+            f"no training data for {model.name} here yet; make it with `specwise heads data "
+            f"--target {a.target}` (resumable; about 100-130 positions/s on 2 cores)"
+        ) from None
+    target, _ = _load_models(a, need_draft=False, hidden=layers)
+    ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
+    print(f"specwise: {len(data)} positions; a vocabulary of {len(ids)} tokens covers "
+          f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
+    meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
+    layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
+                  width=a.width, depth=a.depth, meta=meta)
+    ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}.pt"
+    result = eagle_training.train(layer, data, a.minutes * 60.0, checkpoint=ckpt)
+    layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=len(data),
+                      data=teacher.summary(folder), **result)
+    out = heads_path(model) / FILE
+    layer.save(out)
+    print(f"held out: the layer's argmax is the target's at depths 1..{a.depth} "
+          f"{result['alpha']}; greedy answers' chain τ {result['chain_tau']}")
+    print(f"specwise: saved to {out}; draft with --drafter eagle (or among them, with --k auto)")
+    return 0
+
+
 def cmd_heads(a: argparse.Namespace) -> int:
     from specwise import distill
 
@@ -1195,14 +1278,16 @@ def cmd_heads(a: argparse.Namespace) -> int:
         return _heads_score(a)
     if a.heads_command == "data":
         return _heads_data(a)
-    if not a.minutes > 0 or a.heads < 1 or a.vocab < 16 or a.sequences < 1:
+    if not a.minutes > 0 or a.heads < 1 or (a.vocab is not None and a.vocab < 16) or a.sequences < 1:
         raise UsageError(
             "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
             "--sequences >= 1"
         )
+    if a.arch == "eagle":
+        return _heads_train_eagle(a)
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
-    out = distill.run(target, a.minutes, a.heads, a.vocab, a.sequences, arch=a.arch)
-    print(f"specwise: saved to {out}; draft with --drafter {a.arch} (or among them, with --k auto)")
+    out = distill.run(target, a.minutes, a.heads, a.vocab or 2048, a.sequences)
+    print(f"specwise: saved to {out}; draft with --drafter heads (or among them, with --k auto)")
     return 0
 
 
@@ -1654,12 +1739,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--arch",
         choices=("heads", "eagle"),
         default="heads",
-        help="what to train: Medusa-style heads on the last state (--drafter heads), or an "
-        "EAGLE-style layer over the answer's states (--drafter eagle); both share the data",
+        help="what to train: Medusa-style heads on the last state (--drafter heads; makes its "
+        "own data), or the EAGLE-3-style layer over three layers' states (--drafter eagle; on "
+        "the data of `specwise heads data`)",
     )
     ht.add_argument("--heads", type=int, default=3, help="heads, one per token drafted (3)")
     ht.add_argument(
-        "--vocab", type=int, default=2048, help="tokens the heads can name, most frequent (2048)"
+        "--vocab", type=int,
+        help="tokens the network can name, most frequent (heads 2048, eagle 4096)",
+    )
+    ht.add_argument("--width", type=int, default=768, help="the eagle layer's width (768)")
+    ht.add_argument(
+        "--depth", type=int, default=4, help="draft depth the eagle layer is trained to (4)"
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
     hd = hsub.add_parser(

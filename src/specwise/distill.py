@@ -1,6 +1,6 @@
-"""Training drafters on the target's hidden states on this machine (`specwise heads train`: the
-heads, or with `--arch eagle` the eagle drafter's layer): self-distillation data from the
-target, the reduced vocabulary, and the training loops.
+"""Training the Medusa heads on the target's final hidden states on this machine (`specwise
+heads train`): self-distillation data from the target, the reduced vocabulary, and the training
+loop. (The eagle drafter's layer learns from `teacher`'s data, `eagle_training`.)
 
 1. **Prompts** (`corpus.code_prompts`) come from text every Python install ships: the functions of
    the standard library that have docstrings, asked for in the ways the bench's categories ask
@@ -19,9 +19,7 @@ target, the reduced vocabulary, and the training loops.
    AdamW, for the time left; the last tenth of the sequences is held out and scored
    (`evaluate`: how often each head's argmax is the target's, alone and as a chain; `score`:
    a saved network's, greedy and sampled answers apart). A checkpoint after each epoch lets a
-   stopped run go on. The layer (`train_layer`) reads whole
-   answers, h_t with token t+1 at every position, and learns the distribution at t+1 (the
-   token after the next), scored the same way on the held-out answers (`evaluate_layer`).
+   stopped run go on.
 
 The result is saved next to the model's other measured state (`heads_path`). This module
 measures no speed; the bench does.
@@ -41,7 +39,6 @@ import numpy as np
 
 from specwise.backends.base import LM, new_sequence
 from specwise.corpus import code_prompts
-from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import Heads, heads_path, model_key, vocab_index
 from specwise.sampling import Sampler, SamplingParams, warp
 
@@ -49,22 +46,19 @@ __all__ = [
     "Data",
     "choose_vocab",
     "evaluate",
-    "evaluate_layer",
     "generate",
     "load_data",
     "run",
     "soft_loss",
     "train",
-    "train_layer",
 ]
 
 TOP = 16  # target probabilities kept per position
-ARCHS = {"heads": "heads.pt", "eagle": "eagle.pt"}  # what `run` trains -> its file's name
+HEADS_FILE = "heads.pt"  # what `run` saves, in `heads_path`
 SAMPLED = SamplingParams(temperature=0.7)  # how the odd prompts' answers are drawn
 
 
 HEADS_LR = 1e-3  # AdamW's rate for the heads (`train`, and the server's adaptation of them)
-LAYER_LR = 5e-4  # and for the eagle layer (`train_layer`, and its adaptation)
 
 
 @dataclass
@@ -450,101 +444,17 @@ def evaluate(heads: Heads, data: Data, rows: np.ndarray, label: np.ndarray | Non
     }
 
 
-def _runs(data: Data, rows: np.ndarray) -> list[tuple[int, int]]:
-    """The answers among positions `rows` (sorted), as (first, end) position ranges."""
-    if len(rows) == 0:
-        return []
-    cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(data.seq[rows]) != 0)) + 1
-    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cut)]
-
-
-def _layer_batch(layer: Layer, data: Data, runs: Sequence[tuple[int, int]], red, probs):
-    """Padded training tensors for answers `runs`: states [B, L, d], token indices [B, L],
-    label distributions [B, L, N] (the target's at the next position; all zero where there
-    is none) and each label's target top id [B, L] (-1: none)."""
-    import torch
-
-    width = max(e - a for a, e in runs) - 1
-    n = len(layer.ids)
-    h = torch.zeros(len(runs), width, layer.hidden_size)
-    t = torch.full((len(runs), width), n, dtype=torch.long)
-    y = torch.zeros(len(runs), width, n)
-    top = torch.full((len(runs), width), -1, dtype=torch.long)
-    for b, (a, e) in enumerate(runs):
-        m = e - a - 1
-        if m <= 0:
-            continue
-        h[b, :m] = torch.from_numpy(data.hidden[a : e - 1].astype(np.float32))
-        t[b, :m] = torch.from_numpy(layer.index(data.tokens[a : e - 1]))
-        y[b, :m] = _dense(red, probs, np.arange(a + 1, e), n)
-        top[b, :m] = torch.from_numpy(data.top_ids[a + 1 : e, 0].astype(np.int64))
-    return h, t, y, top
-
-
-def train_layer(
-    layer: Layer,
-    data: Data,
-    seconds: float,
-    checkpoint: Path | None = None,
-    batch: int = 8,
-    lr: float = LAYER_LR,
-    seed: int = 0,
-) -> dict:
-    """Train an EAGLE-style `layer` on `data` for about `seconds` (as `train`: whole epochs,
-    resumable), `batch` answers at a time; returns `evaluate_layer` on the held-out answers."""
-    red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
-    fit, held = _split(data)
-    fit_runs = _runs(data, fit)
-
-    def batches(rng):
-        order = rng.permutation(len(fit_runs))
-        for b in range(0, len(order), batch):
-            h, t, y, _ = _layer_batch(
-                layer, data, [fit_runs[i] for i in order[b : b + batch]], red, probs
-            )
-            yield soft_loss(layer.module(h, t), y)
-
-    key = _data_key(data, layer.ids)
-    epochs = _fit(layer.module, batches, seconds, checkpoint, key, lr, seed, "training the layer")
-    layer.publish()
-    return {
-        "epochs": epochs,
-        "train_positions": len(fit),
-        "held_out_positions": len(held),
-        **evaluate_layer(layer, data, held, red, probs),
-    }
-
-
-def evaluate_layer(layer: Layer, data: Data, rows: np.ndarray, red=None, probs=None) -> dict:
-    """How often the layer's argmax is the target's top token at the next position, over the
-    positions `rows` (whole answers) that have one (`alone`, as for the heads' first)."""
-    import torch
-
-    if red is None:
-        red, probs = _targets(data, layer.ids, layer.vocab_size, 1)[1:]
-    runs = _runs(data, rows)
-    right = scored = 0
-    with torch.inference_mode():
-        for b in range(0, len(runs), 8):
-            h, t, _, top = _layer_batch(layer, data, runs[b : b + 8], red, probs)
-            guess = torch.from_numpy(layer.ids)[layer.module(h, t).argmax(dim=-1)]
-            right += int(((guess == top) & (top >= 0)).sum())
-            scored += int((top >= 0).sum())
-    return {"alone": [round(right / max(1, scored), 4)], "scored": scored}
-
-
-def score(net: Heads | Layer, data: Data) -> dict[str, dict]:
-    """How often a trained network's argmax (the heads' first head's) is the target's token,
-    on the held-out answers (`_split`): over all of them, and over the greedy (even prompts)
-    and the sampled (odd) answers apart; each `evaluate`'s or `evaluate_layer`'s result."""
+def score(net: Heads, data: Data) -> dict[str, dict]:
+    """How often trained heads' first head's argmax is the target's token, on the held-out
+    answers (`_split`): over all of them, and over the greedy (even prompts) and the sampled
+    (odd) answers apart; each `evaluate`'s result."""
     held = _split(data)[1]
     kinds = {
         "all": held,
         "greedy": held[data.greedy[held]],
         "sampled": held[~data.greedy[held]],
     }
-    judge = evaluate_layer if isinstance(net, Layer) else evaluate
-    return {kind: judge(net, data, rows) for kind, rows in kinds.items()}
+    return {kind: evaluate(net, data, rows) for kind, rows in kinds.items()}
 
 
 def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
@@ -575,14 +485,10 @@ def run(
     sequences: int = 8,
     data_share: float = 0.6,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
-    arch: str = "heads",
 ) -> Path:
-    """Train a drafter for `target` (a GGUF target built with hidden states) in about
-    `minutes`: `data_share` of them generating data (less where earlier runs left data), the
-    rest training; arch "heads": `n_heads` Medusa heads, saved to `heads_path(...)/heads.pt`;
-    "eagle": an EAGLE-style `Layer`, saved to `.../eagle.pt`. Returns the file's path."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch {arch!r} is not one of {', '.join(ARCHS)}")
+    """Train `n_heads` Medusa heads for `target` (a GGUF target built with hidden states) in
+    about `minutes`: `data_share` of them generating data (less where earlier runs left data),
+    the rest training; saved to `heads_path(...)/heads.pt`, whose path it returns."""
     if not target.hidden_size:
         raise ValueError("training heads needs a target built with hidden states")
     model = Path(target.info.model)
@@ -607,25 +513,15 @@ def run(
     meta = {"key": model_key(model)[:20], "model": model.name}
     rows = unembedding(target, ids)
     seconds = max(60.0, budget * (1 - data_share))
-    net: Heads | Layer
-    if arch == "eagle":
-        net = Layer(target.hidden_size, ids, target.vocab_size, unembedding=rows, meta=meta)
-        ckpt = work / f"layer-{net.width}-{len(ids)}.pt"
-        result = train_layer(net, data, seconds, checkpoint=ckpt)
-        said = f"the layer's argmax is the target's {result['alone'][0]} of the time"
-    else:
-        net = Heads(
-            target.hidden_size, n_heads, ids, target.vocab_size, unembedding=rows, meta=meta
-        )
-        result = train(net, data, seconds, checkpoint=work / f"train-{n_heads}-{len(ids)}.pt")
-        said = (
-            f"each head's argmax is the target's {result['alone']} of the time; "
-            f"chains right to depth 1..{n_heads}: {result['chain']}"
-        )
+    net = Heads(target.hidden_size, n_heads, ids, target.vocab_size, unembedding=rows, meta=meta)
+    result = train(net, data, seconds, checkpoint=work / f"train-{n_heads}-{len(ids)}.pt")
     net.meta.update(trained=time.strftime("%Y-%m-%dT%H:%M:%S"), positions=len(data), **result)
-    out = folder / ARCHS[arch]
+    out = folder / HEADS_FILE
     net.save(out)
-    progress(f"held-out: {said}")
+    progress(
+        f"held-out: each head's argmax is the target's {result['alone']} of the time; "
+        f"chains right to depth 1..{n_heads}: {result['chain']}"
+    )
     return out
 
 

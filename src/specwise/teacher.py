@@ -64,21 +64,6 @@ def label_ids(target: LM) -> np.ndarray:
     return np.array([*range(n), *extra], dtype=np.int64)
 
 
-def _top(probs: np.ndarray, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The top K of each row of probabilities [n, V] (as target ids: `ids[j]` for column j
-    when given), most likely first: (ids int32 [n, K], probabilities float16 [n, K])."""
-    k = min(K, probs.shape[1])
-    col = np.argpartition(probs, -k, axis=1)[:, -k:]
-    order = np.argsort(-np.take_along_axis(probs, col, axis=1), axis=1, kind="stable")
-    col = np.take_along_axis(col, order, axis=1)
-    p = np.take_along_axis(probs, col, axis=1)
-    if k < K:
-        col = np.concatenate([col, np.repeat(col[:, :1], K - k, axis=1)], axis=1)
-        p = np.concatenate([p, np.zeros((len(p), K - k), p.dtype)], axis=1)
-    out = col if ids is None else ids[col]
-    return out.astype(np.int32), p.astype(np.float16)
-
-
 @dataclass
 class _Seq:
     meta: dict
@@ -170,16 +155,30 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _labels(final: np.ndarray, rows: np.ndarray, ids: np.ndarray):
+def _top(logits) -> tuple[np.ndarray, np.ndarray]:
+    """The top K of the softmax of each row of logits [n, V] (torch): (columns int32 [n, K],
+    probabilities float16 [n, K]), most likely first; past V columns, the first again with
+    probability 0."""
+    import torch
+
+    with torch.inference_mode():
+        p, col = torch.topk(torch.softmax(logits, dim=-1), min(K, logits.shape[-1]), dim=-1)
+    p, col = p.numpy().astype(np.float16), col.numpy().astype(np.int32)
+    if col.shape[1] < K:
+        pad = K - col.shape[1]
+        col = np.concatenate([col, np.repeat(col[:, :1], pad, axis=1)], axis=1)
+        p = np.concatenate([p, np.zeros((len(p), pad), np.float16)], axis=1)
+    return col, p
+
+
+def _labels(final: np.ndarray, rows, ids: np.ndarray):
     """The target's distribution over `ids` from final states [n, d] and their output rows
     `rows` [len(ids), d] (torch, float32): top K (ids, probabilities)."""
     import torch
 
-    with torch.inference_mode():
-        logits = torch.from_numpy(np.ascontiguousarray(final, np.float32)) @ rows.T
-        probs = torch.softmax(logits, dim=-1)
-        p, col = torch.topk(probs, K, dim=-1)
-    return ids[col.numpy()].astype(np.int32), p.numpy().astype(np.float16)
+    logits = torch.from_numpy(np.ascontiguousarray(final, np.float32)) @ rows.T
+    col, p = _top(logits)
+    return ids[col].astype(np.int32), p
 
 
 def read(
@@ -225,11 +224,19 @@ def read(
         on_sequence(len(tokens))
 
 
+def answer_held_out(i: int) -> bool:
+    """Whether the answer to prompt i is held out: 2 of every 40, one greedy, one sampled."""
+    return i % 40 in (19, 20)
+
+
 def _end_of_turn(target: LM) -> int:
     """The chat template's end-of-turn token (the end of an answer)."""
     tok = target.tokenizer
     for text in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>"):
-        got = tok.encode(text, add_special=False)
+        try:
+            got = tok.encode(text, add_special=False)
+        except ValueError:  # a tokenizer that has no piece for it
+            continue
         if len(got) == 1 and got[0] in target.eos_token_ids:
             return got[0]
     return min(target.eos_token_ids)
@@ -271,20 +278,25 @@ def answer(
         train = np.zeros(m, bool)
         train[first:m] = True
         meta = {"kind": "answer", "source": "answers", "name": f"prompt-{s['i']}",
-                "held_out": s["i"] % 20 == 19, "greedy": s["i"] % 2 == 0}
+                "held_out": answer_held_out(s["i"]), "greedy": s["i"] % 2 == 0}
         writer.add("answer", _Seq(meta, [states[:m]], tokens, [lab_ids], [lab_p], [train], [top1]))
         on_sequence(m)
 
-    def emit(seq: int, row: np.ndarray) -> None:
-        s = live[seq]
-        p = warp(row, SamplingParams(temperature=1.0))
-        ids_, p_ = _top(p[None])
-        greedy = s["i"] % 2 == 0
-        x = int(np.argmax(row)) if greedy else s["sampler"].categorical(warp(row, SAMPLED))
-        s["labels"].append((ids_[0], p_[0], int(np.argmax(row))))
-        s["tokens"].append(x)
-        if x in target.eos_token_ids or len(s["tokens"]) - s["prompt"] >= max_tokens:
-            finish(seq)
+    def emit(seqs: list[int], rows: np.ndarray) -> None:
+        """The next token of each of `seqs` from its logits row [len(seqs), V]: the labels of
+        all of them in one batch (torch), then each token drawn."""
+        import torch
+
+        ids32, p16 = _top(torch.from_numpy(rows))
+        best = rows.argmax(axis=-1)
+        for j, seq in enumerate(seqs):
+            s = live[seq]
+            greedy = s["i"] % 2 == 0
+            x = int(best[j]) if greedy else s["sampler"].categorical(warp(rows[j], SAMPLED))
+            s["labels"].append((ids32[j], p16[j], int(best[j])))
+            s["tokens"].append(x)
+            if x in target.eos_token_ids or len(s["tokens"]) - s["prompt"] >= max_tokens:
+                finish(seq)
 
     try:
         while (live or todo) and not until():
@@ -297,13 +309,12 @@ def answer(
                 row = target.forward([(seq, ids)], last_only=True)[0][-1]
                 live[seq] = {"i": i, "sampler": Sampler(i), "tokens": list(ids),
                              "prompt": len(ids), "labels": []}
-                emit(seq, row)
+                emit([seq], row[None])
             if live:
                 t = time.perf_counter()
                 seqs = list(live)
                 out = target.forward([(q, [live[q]["tokens"][-1]]) for q in seqs])
-                for q, r in zip(seqs, out, strict=True):
-                    emit(q, r[-1])
+                emit(seqs, np.stack([r[-1] for r in out]))
                 writer.spend("answer", time.perf_counter() - t)
     finally:
         for q in list(live):
@@ -344,7 +355,7 @@ def collect(
         lambda text: len(tok.encode(text, add_special=False)),
         corpus.bench_shingles(),
     )
-    asks = corpus.prompts(20000)
+    asks = corpus.prompts(4000)
     deadline = None if minutes is None else time.monotonic() + minutes * 60.0
 
     def stop() -> bool:
@@ -438,8 +449,15 @@ class Data:
         return np.asarray(self._states[k][start - base : end - base])
 
     def held_out(self) -> np.ndarray:
-        """[sequences] bool: held out (never trained on)."""
-        return np.array([bool(m.get("held_out")) for m in self.meta])
+        """[sequences] bool: held out (never trained on): a read document by its name
+        (`corpus.held_out`), an answer by its prompt's index (`answer_held_out`)."""
+        from specwise.corpus import held_out
+
+        return np.array([
+            answer_held_out(int(m["name"].split("-")[1])) if m["kind"] == "answer"
+            else held_out(m["name"])
+            for m in self.meta
+        ])
 
 
 def progress_bar(total: int, desc: str):

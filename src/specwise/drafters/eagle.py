@@ -1,24 +1,41 @@
-"""`EagleDrafter` (EAGLE-style): one transformer layer over the target's own hidden states
-drafts the next token, with no second model, only the layer's small cache of keys and values.
+"""`EagleDrafter` (EAGLE-3-style): one transformer layer over three of the target's own layers
+drafts a tree of tokens, with no second model, only the layer's small cache of keys and values.
 
-At every generated position t the layer reads the target's final hidden state h_t (`LM.hiddens`)
-and the token x_{t+1} that followed it (the one h_t predicted), attends causally over the
-positions before it in the same answer (from the prompt's last position on), and predicts the
-target's distribution one token further, that of x_{t+2}: z = Layer([h_t; e(x_{t+1})]), logits
-= Out(h_t + Back(z)) over a **reduced vocabulary** (the `ids`, as for the heads). A Medusa head
-(`drafters.heads`) sees h_t alone; the layer also sees how the answer got there. It drafts one
-token a round (a chain of one), the depth it was trained for.
+The network (`Layer`). At every position t of the context it reads the target's states s_t
+there, the outputs of a low, a middle and a high layer side by side (`layers_for`, read by a
+target built with them: `LM.hidden_layers`), and the token x_{t+1} that followed:
 
-In a round the drafter first reads the states of the positions committed since it last ran
-(all of them: the target keeps them, `LM.hiddens`, from the prompt's last position on, where a
-request's first call to it starts), then drafts; its cache holds committed positions only, so
-a rejected draft leaves nothing to undo. Greedy and sampling as for the heads
-(`heads.draw`): q is a function of the context alone, so rejection sampling against it is exact.
+    f_t = Fuse(s_t)                       each layer's state RMS-normalised, then one projection
+    u_t = In([norm(f_t); norm(E(x_{t+1}))])
+    a_t = Block(u_t | u_{<=t})            pre-norm causal attention and MLP (width `width`)
+    logits = Out(norm(a_t))               over a **reduced vocabulary** (`ids`)
 
-`Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`); training it
-is `specwise.distill`'s work, adapting it to served traffic `specwise.adapt`'s (a request drafts
-to its end with the weights its first proposal found: its cache was filled by them). Torch is
-imported when a layer is built, never by importing this module.
+predicting x_{t+2}. To draft further it runs on its own output, as it was trained to
+(training-time test, `specwise.eagle_training`): at draft depth j >= 1 the feature it reads in
+place of f is the feature a of its parent draft token, with that token's embedding, and it
+attends to the committed positions and to the draft tokens on its own path.
+
+The draft (a dynamic tree, as EAGLE-2). The root is the last emitted token; the layer's first
+step over the new committed positions gives the depth-1 distribution. At each depth the
+`beam` nodes of the newest level with the highest cumulative probability (the product of the
+layer's probabilities along the path) are expanded, each with its `beam` most likely
+children, in one call of the layer; after `depth` levels every node is ranked by its
+cumulative probability and the draft is the best k of them, a parent before its children
+(its cumulative probability is at least theirs). So the draft's first m tokens are the best
+m-token tree: the controller, which takes a prefix of an offer, sizes the tree from the
+layer's calibrated confidences (each token's probability given its parent) as it prices every
+drafter. The tree is a point mass, verified by the exact tree rules; on a target that takes no
+trees (`LM.trees` False) the draft is the best chain (beam 1).
+
+Its cache holds committed positions only (the draft tokens' keys live for one proposal), so a
+rejected draft leaves nothing to undo. Greedy and sampled requests draft the same way; q is
+a point mass, so greedy matching and sample-and-match stay exact.
+
+`Layer` is the network and its file (`save`/`load`, next to the heads: `heads_path`, or shipped
+with the package: `shipped`); training it is `specwise.eagle_training`'s work, adapting it to
+served traffic `specwise.adapt`'s (a request drafts to its end with the weights its first
+proposal found: its cache was filled by them). Torch is imported when a layer is built, never
+by importing this module.
 """
 
 from __future__ import annotations
@@ -26,7 +43,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +52,32 @@ import numpy as np
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
 from specwise.drafters.heads import (
-    check_target,
     check_vocab,
-    draw,
     heads_path,
     load_state,
+    model_key,
     save_state,
     vocab_index,
 )
 from specwise.sampling import Sampler, SamplingParams
 
-__all__ = ["FORMAT", "EagleDrafter", "Layer"]
+__all__ = [
+    "FILE",
+    "FORMAT",
+    "EagleDrafter",
+    "Layer",
+    "data_path",
+    "find",
+    "layers_for",
+    "shipped_path",
+]
 
-FORMAT = 1  # the file's layout version
+FORMAT = 2  # the file's layout version (1: a layer over the final state alone)
 ATTENTION_HEADS = 8
+BEAM = 3  # nodes expanded a level, and children of each
+DEPTH = 4  # draft levels (the depth it was trained to)
+WINDOW = 2048  # most committed positions the cache reads of a prompt
+FILE = "eagle.pt"  # a trained layer's file name, here (`heads_path`) and shipped
 
 
 def layers_for(n_layers: int) -> tuple[int, int, int]:
@@ -57,26 +86,44 @@ def layers_for(n_layers: int) -> tuple[int, int, int]:
     return (1, n_layers // 2 - 1, n_layers - 3)
 
 
+def shipped_path(model: str | Path) -> Path:
+    """Where specwise ships a trained layer for `model`: `specwise/trained/<its key>/` in the
+    package (the key: the catalog's sha256 of the GGUF file, `heads.model_key`), beside its
+    training manifest (`manifest.json`)."""
+    from importlib import resources
+
+    return Path(str(resources.files("specwise"))) / "trained" / model_key(model) / FILE
+
+
+def find(model: str | Path) -> Path | None:
+    """The layer to draft with for `model`: one trained on this machine (`heads_path`), else
+    the one shipped for it, else None."""
+    for path in (heads_path(model) / FILE, shipped_path(model)):
+        if path.is_file():
+            return path
+    return None
+
+
 def data_path(model: str | Path, layers: Sequence[int]) -> Path:
     """Where the layer's training data for `model`, read at `layers`, lives (`teacher`)."""
     return heads_path(model) / ("data-" + "-".join(map(str, layers)))
 
 
 class Layer:
-    """Layer(hidden_size, ids, vocab_size, width=512, unembedding=None, seed=0): the network.
-    ids: the target ids of the reduced vocabulary (distinct, < vocab_size); width: the layer's
-    own width; unembedding: the target's output rows [len(ids), hidden_size] for them, the
-    output layer's start (else random; the token embeddings start as half of them). The way
-    back from the layer starts at zero, so the network starts as the target's own output layer
-    restricted to `ids`. `module` is the torch module (for training); `step` runs it."""
+    """Layer(hidden_size, layers, ids, vocab_size, width=768, depth=DEPTH, seed=0): the
+    network. hidden_size: the target's width; layers: the target layers it reads (states of
+    len(layers) * hidden_size); ids: the target ids of the reduced vocabulary (distinct, <
+    vocab_size); depth: the draft depth it is trained to. `module` is the torch module
+    (training); `read` and `expand` run its int8 copy (drafting)."""
 
     def __init__(
         self,
         hidden_size: int,
+        layers: Sequence[int],
         ids: Sequence[int],
         vocab_size: int,
-        width: int = 512,
-        unembedding: np.ndarray | None = None,
+        width: int = 768,
+        depth: int = DEPTH,
         seed: int = 0,
         meta: dict[str, Any] | None = None,
     ) -> None:
@@ -85,19 +132,19 @@ class Layer:
         ids = np.asarray(ids, dtype=np.int64)
         if width < ATTENTION_HEADS or width % ATTENTION_HEADS:
             raise ValueError(f"width = {width} is invalid; use a multiple of {ATTENTION_HEADS}")
-        check_vocab(ids, vocab_size, hidden_size, unembedding, "the layer's")
+        if depth < 1:
+            raise ValueError(f"depth = {depth} is invalid; use an integer >= 1")
+        check_vocab(ids, vocab_size, hidden_size, None, "the layer's")
         self.hidden_size, self.vocab_size, self.width = hidden_size, vocab_size, width
+        self.layers = tuple(int(i) for i in layers)
+        self.state_size = hidden_size * len(self.layers)
+        self.depth = depth
         self.ids = ids
         self.meta = dict(meta or {})
         self._where = vocab_index(ids, vocab_size, missing=len(ids))  # the last: any other id
         torch.manual_seed(seed)
-        self.module = _module_class()(hidden_size, width, len(ids))
-        if unembedding is not None:
-            with torch.no_grad():
-                rows = torch.from_numpy(np.asarray(unembedding, dtype=np.float32))
-                self.module.out.weight.copy_(rows)
-                self.module.emb.weight[: len(ids)].copy_(rows * 0.5)
-        self._fast: Any = None  # the inference copy (`step`), made on first use
+        self.module = _module_class()(len(self.layers), hidden_size, width, len(ids))
+        self._fast: Any = None  # the inference copy, made on first use
 
     def index(self, tokens: Sequence[int]) -> np.ndarray:
         """Target ids -> the layer's token indices (len(ids) for an id outside the vocabulary
@@ -106,38 +153,40 @@ class Layer:
         inside = (t >= 0) & (t < self.vocab_size)
         return np.where(inside, self._where[t.clip(0, self.vocab_size - 1)], len(self.ids))
 
-    def step(self, cache: Cache, hidden: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
-        """Read n positions more (their states [n, hidden_size] and the tokens that followed
-        them) into `cache`, and return the logits over `ids` [len(ids)] predicted at the last
-        one. Runs the int8 copy of the weights the cache was begun with (`new_cache`), so
-        weights published later (training) serve the caches begun after them."""
-        import torch
-
-        with torch.inference_mode():
-            h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
-            t = torch.from_numpy(self.index(tokens))
-            return cache.net.step(h, t, cache).numpy()
-
     def new_cache(self) -> Cache:
         """An empty cache for one sequence, bound to the int8 copy published now."""
         import torch
 
         if self._fast is None:
             self.publish()
-        return Cache(self._fast, torch.zeros(0, self.width), torch.zeros(0, self.width))
+        heads, d = ATTENTION_HEADS, self.width // ATTENTION_HEADS
+        return Cache(self._fast, torch.zeros(0, heads, d), torch.zeros(0, heads, d))
+
+    def read(self, cache: Cache, states: np.ndarray, tokens: Sequence[int]):
+        """Read n committed positions more into `cache` (their states [n, state_size] and the
+        tokens that followed them [n]); returns the last one's feature a [width] and its
+        logits over `ids` [len(ids)] (torch tensors): the depth-1 distribution."""
+        import torch
+
+        with torch.inference_mode():
+            s = torch.from_numpy(np.asarray(states, dtype=np.float32))
+            t = torch.from_numpy(self.index(tokens))
+            return cache.net.read(s, t, cache)
 
     def publish(self) -> None:
-        """The weights changed (training): copy them into the int8 copy that `step` runs
+        """The weights changed (training): copy them into the int8 copy that drafting runs
         (each Linear's weights quantized per output row, activations per call)."""
         self._fast = _int8_copy(self.module)
 
     def ready(self) -> None:
-        """Make the int8 copy and run it once on 1 and on 2 positions (the CPU library prepares
-        its kernels at a shape's first product)."""
+        """Make the int8 copy and run it once at the shapes drafting uses (the CPU library
+        prepares its kernels at a shape's first product)."""
         self.publish()
         cache = self.new_cache()
-        self.step(cache, np.zeros((1, self.hidden_size), np.float32), [0])
-        self.step(cache, np.zeros((2, self.hidden_size), np.float32), [0, 0])
+        z = np.zeros((2, self.state_size), np.float32)
+        self.read(cache, z[:1], [0])
+        a, logits = self.read(cache, z, [0, 0])
+        propose_tree(self, cache, a, logits, 8, BEAM)
 
     def save(self, path: str | Path) -> None:
         """Write the layer to `path` (a .pt file), atomically."""
@@ -146,10 +195,12 @@ class Layer:
         state = {
             "format": FORMAT,
             "hidden_size": self.hidden_size,
+            "layers": list(self.layers),
             "vocab_size": self.vocab_size,
             "width": self.width,
+            "depth": self.depth,
             "ids": torch.from_numpy(self.ids),
-            "weights": self.module.state_dict(),
+            "weights": {k: v.half() for k, v in self.module.state_dict().items()},
             "meta": self.meta,
         }
         save_state(path, state)
@@ -162,12 +213,14 @@ class Layer:
         def build(state: dict) -> Layer:
             layer = cls(
                 state["hidden_size"],
+                state["layers"],
                 state["ids"].numpy(),
                 state["vocab_size"],
                 width=state["width"],
+                depth=state["depth"],
                 meta=state.get("meta"),
             )
-            layer.module.load_state_dict(state["weights"])
+            layer.module.load_state_dict({k: v.float() for k, v in state["weights"].items()})
             layer.ready()
             return layer
 
@@ -176,8 +229,9 @@ class Layer:
 
 @dataclass
 class Cache:
-    """The layer's keys and values for one sequence: buffers [capacity, width] (torch tensors)
-    whose first n rows are filled, by `net` (the int8 copy of the weights that runs them)."""
+    """The layer's keys and values for one sequence's committed positions: buffers [capacity,
+    heads, width / heads] (torch tensors) whose first n rows are filled, by `net` (the int8
+    copy of the weights that runs them)."""
 
     net: Any
     keys: Any
@@ -185,20 +239,43 @@ class Cache:
     n: int = 0
 
     def extend(self, k, v):
-        """Append rows k, v [m, width] (the buffers grow by doubling, so a round copies nothing
-        already cached); returns the filled keys and values."""
+        """Append rows k, v [m, heads, d] (the buffers grow by doubling, so a round copies
+        nothing already cached); returns the filled keys and values."""
         end = self.n + len(k)
         if end > len(self.keys):
             size = max(end, 2 * len(self.keys), 64)
             for name in ("keys", "values"):
                 old = getattr(self, name)
-                grown = old.new_empty(size, old.shape[1])
+                grown = old.new_empty(size, *old.shape[1:])
                 grown[: self.n] = old[: self.n]
                 setattr(self, name, grown)
         self.keys[self.n : end] = k
         self.values[self.n : end] = v
         self.n = end
         return self.keys[:end], self.values[:end]
+
+
+def attend(q, k0, v0, mask0, chain_k=None, chain_v=None):
+    """Attention of queries q [..., N, H, d] over keys and values k0, v0 [..., P, H, d] (where
+    `mask0` [N, P] allows, None: all) and, for each query, its own chain of keys and values
+    chain_k, chain_v [..., N, j, H, d] (its ancestors' and its own: training-time test's
+    diagonal); returns [..., N, H * d]."""
+    import torch
+
+    scale = q.shape[-1] ** -0.5
+    s0 = torch.einsum("...nhd,...phd->...hnp", q, k0) * scale
+    if mask0 is not None:
+        s0 = s0.masked_fill(~mask0, float("-inf"))
+    if chain_k is None or chain_k.shape[-3] == 0:
+        p = torch.softmax(s0, dim=-1)
+        out = torch.einsum("...hnp,...phd->...nhd", p, v0)
+    else:
+        sc = torch.einsum("...nhd,...njhd->...hnj", q, chain_k) * scale
+        p = torch.softmax(torch.cat([s0, sc], dim=-1), dim=-1)
+        p0, pc = p[..., : s0.shape[-1]], p[..., s0.shape[-1] :]
+        out = torch.einsum("...hnp,...phd->...nhd", p0, v0)
+        out = out + torch.einsum("...hnj,...njhd->...nhd", pc, chain_v)
+    return out.flatten(-2)
 
 
 @functools.cache
@@ -208,52 +285,95 @@ def _module_class():
     from torch import nn
 
     class LayerModule(nn.Module):
-        """Input projection of [h; e(x)], one pre-norm attention block and MLP, the way back
-        to the target's width, and the output layer over the reduced vocabulary."""
+        """Fuse, the token embedding, the input projection, one pre-norm attention block with
+        its MLP, and the output layer over the reduced vocabulary (module docstring)."""
 
-        def __init__(self, d: int, width: int, n_ids: int) -> None:
+        def __init__(self, parts: int, d: int, width: int, n_ids: int) -> None:
             super().__init__()
-            self.emb = nn.Embedding(n_ids + 1, d)
+            self.parts, self.d, self.width = parts, d, width
+            self.fuse = nn.Linear(parts * d, width, bias=False)
+            self.emb = nn.Embedding(n_ids + 1, width)
             with torch.no_grad():
+                self.emb.weight.normal_(0.0, 0.02)
                 self.emb.weight[n_ids].zero_()
-            self.inp = nn.Linear(2 * d, width)
-            self.norm1 = nn.LayerNorm(width)
-            self.qkv = nn.Linear(width, 3 * width)
-            self.proj = nn.Linear(width, width)
-            self.norm2 = nn.LayerNorm(width)
-            self.up = nn.Linear(width, 2 * width)
-            self.down = nn.Linear(2 * width, width)
-            self.back = nn.Linear(width, d)
-            nn.init.zeros_(self.back.weight)
-            nn.init.zeros_(self.back.bias)
-            self.out = nn.Linear(d, n_ids, bias=False)
+            self.norm_f = nn.RMSNorm(width)
+            self.norm_e = nn.RMSNorm(width)
+            self.inp = nn.Linear(2 * width, width, bias=False)
+            self.norm1 = nn.RMSNorm(width)
+            self.qkv = nn.Linear(width, 3 * width, bias=False)
+            self.proj = nn.Linear(width, width, bias=False)
+            self.norm2 = nn.RMSNorm(width)
+            self.up = nn.Linear(width, 2 * width, bias=False)
+            self.down = nn.Linear(2 * width, width, bias=False)
+            self.norm3 = nn.RMSNorm(width)
+            self.out = nn.Linear(width, n_ids, bias=False)
 
-        def block(self, h, t, extend):
-            """[..., n, d] states and [..., n] token indices -> the features h + Back(z)
-            [..., n, d]; extend(k, v) adds the rows' keys and values to those before them and
-            returns them all [..., P + n, width]."""
-            x = self.inp(torch.cat([h, self.emb(t)], dim=-1))
-            q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
-            keys, values = extend(k, v)
-            n, total = x.shape[-2], keys.shape[-2]
-            # row i sees the past and new positions up to i (one row: all of them)
-            mask = None if n == 1 else torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        # -- the pieces ----------------------------------------------------------------------
+        def features(self, s):  # [..., parts * d] -> [..., width]
+            s = s.unflatten(-1, (self.parts, self.d))
+            s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.fuse(s.flatten(-2))
 
-            def split(a):  # [..., L, width] -> [..., heads, L, width / heads]
-                return a.unflatten(-1, (ATTENTION_HEADS, -1)).transpose(-3, -2)
+        def inputs(self, f, t):  # features [..., w], token indices [...] -> u [..., w]
+            return self.inp(torch.cat([self.norm_f(f), self.norm_e(self.emb(t))], dim=-1))
 
-            att = nn.functional.scaled_dot_product_attention(
-                split(q), split(keys), split(values), attn_mask=mask
-            )
-            x = x + self.proj(att.transpose(-3, -2).flatten(-2))
-            x = x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
-            return h + self.back(x)
+        def qkv_of(self, u):  # u [..., w] -> q, k, v [..., H, w / H]
+            q, k, v = self.qkv(self.norm1(u)).chunk(3, dim=-1)
+            return (x.unflatten(-1, (ATTENTION_HEADS, -1)) for x in (q, k, v))
 
-        def forward(self, h, t):  # training: [B, L, d], [B, L] -> logits [B, L, n_ids]
-            return self.out(self.block(h, t, lambda k, v: (k, v)))
+        def finish(self, u, att):  # the block's output, the feature a [..., w]
+            x = u + self.proj(att)
+            return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
 
-        def step(self, h, t, cache):  # inference: [n, d], [n] after `cache` -> logits at the last
-            return self.out(self.block(h, t, cache.extend)[-1:])[0]
+        def logits(self, a):  # [..., w] -> [..., n_ids]
+            return self.out(self.norm3(a))
+
+        # -- training ------------------------------------------------------------------------
+        def unroll(self, s, t, depth: int):
+            """Training-time test over answers: states s [B, L, S], token indices t [B, L + depth - 1]
+            (t[:, i] follows position i; then the tokens after them); returns the logits
+            [B, L, n_ids] of each draft depth 1..depth (depth j at position i predicts the
+            token after t[:, i + j - 1])."""
+            L = s.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool).tril()
+            f = self.features(s)
+            u = self.inputs(f, t[:, :L])
+            q, k0, v0 = self.qkv_of(u)
+            a = self.finish(u, attend(q, k0, v0, causal))
+            out = [self.logits(a)]
+            chain_k, chain_v = [], []
+            for j in range(1, depth):
+                u = self.inputs(a, t[:, j : j + L])
+                q, k, v = self.qkv_of(u)
+                chain_k.append(k)
+                chain_v.append(v)
+                ck, cv = torch.stack(chain_k, dim=-3), torch.stack(chain_v, dim=-3)
+                a = self.finish(u, attend(q, k0, v0, causal, ck, cv))
+                out.append(self.logits(a))
+            return out
+
+        def forward(self, s, t):  # depth 1 only: [B, L, S], [B, L] -> logits [B, L, n_ids]
+            return self.unroll(s, t, 1)[0]
+
+        # -- drafting ------------------------------------------------------------------------
+        def read(self, s, t, cache):
+            """Committed positions [n, S], [n] after `cache` -> (feature, logits) at the last."""
+            u = self.inputs(self.features(s), t)
+            q, k, v = self.qkv_of(u)
+            keys, values = cache.extend(k, v)  # a position's key is of its inputs alone
+            a = self.finish(u[-1:], attend(q[-1:], keys, values, None))  # the last sees all
+            return a[0], self.logits(a)[0]
+
+        def expand(self, f, t, cache, chain_k, chain_v):
+            """Draft nodes: parents' features f [m, w], their tokens t [m], the keys and
+            values of their ancestors [m, j, H, d] -> (features, logits, k, v) of the nodes."""
+            u = self.inputs(f, t)
+            q, k, v = self.qkv_of(u)
+            ck = torch.cat([chain_k, k[:, None]], dim=1)
+            cv = torch.cat([chain_v, v[:, None]], dim=1)
+            keys, values = cache.keys[: cache.n], cache.values[: cache.n]
+            a = self.finish(u, attend(q, keys, values, None, ck, cv))
+            return a, self.logits(a), ck, cv
 
     return LayerModule
 
@@ -277,6 +397,63 @@ def _int8_copy(module):
 
 
 @dataclass
+class Tree:
+    """A drafted tree, best first: target ids, parents (-1: the root), each token's
+    probability given its parent (the layer's confidence) and cumulative probability."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    cumulative: list[float] = field(default_factory=list)
+
+
+def propose_tree(layer: Layer, cache: Cache, feature, logits, k: int, beam: int) -> Tree:
+    """The best k-token tree (module docstring) grown from the root's `feature` [w] and depth-1
+    `logits` [len(ids)] (torch), expanding `beam` nodes a level with `beam` children each,
+    for `layer.depth` levels; beam 1: the best chain."""
+    import torch
+
+    net = cache.net
+    heads, d = ATTENTION_HEADS, layer.width // ATTENTION_HEADS
+    # every node: (parent node or -1, reduced index, confidence, cumulative, level)
+    nodes: list[tuple[int, int, float, float, int]] = []
+    with torch.inference_mode():
+        p = torch.softmax(logits, dim=-1)
+        top = torch.topk(p, min(beam, len(p)))
+        for c, x in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            nodes.append((-1, x, c, c, 1))
+        level = list(range(len(nodes)))
+        feats = feature[None].expand(len(level), -1)
+        chain_k = torch.zeros(len(level), 0, heads, d)
+        chain_v = torch.zeros(len(level), 0, heads, d)
+        parent_row = list(range(len(level)))  # each level node's row in feats / chains
+        for depth in range(2, layer.depth + 1):
+            best = sorted(level, key=lambda i: -nodes[i][3])[:beam]
+            rows = [parent_row[level.index(i)] for i in best]
+            toks = torch.tensor([nodes[i][1] for i in best])
+            a, lg, ck, cv = net.expand(feats[rows], toks, cache, chain_k[rows], chain_v[rows])
+            p = torch.softmax(lg, dim=-1)
+            top = torch.topk(p, min(beam, p.shape[-1]), dim=-1)
+            level, parent_row = [], []
+            for r, i in enumerate(best):
+                for c, x in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
+                    nodes.append((i, x, c, nodes[i][3] * c, depth))
+                    level.append(len(nodes) - 1)
+                    parent_row.append(r)
+            feats, chain_k, chain_v = a, ck, cv
+    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], nodes[i][4], i))[:k]
+    place = {n: j for j, n in enumerate(order)}
+    tree = Tree()
+    for n in order:
+        parent, x, c, cum, _ = nodes[n]
+        tree.tokens.append(int(layer.ids[x]))
+        tree.parents.append(-1 if parent < 0 else place[parent])
+        tree.confidence.append(float(c))
+        tree.cumulative.append(float(cum))
+    return tree
+
+
+@dataclass
 class _Seq:
     read: int  # the next position whose state the layer has not read
     layer: Layer  # the trained layer, or the request's tenant's adapted copy
@@ -285,33 +462,51 @@ class _Seq:
 
 @register("eagle")
 class EagleDrafter:
-    """EagleDrafter(layer, adapter=None): drafts one token a round with a trained `Layer` on the
-    hidden states of the target it is bound to (a target built with hidden states:
-    `LM.hidden_size`); with an `adapter` (`specwise.adapt.Adapter`), with the copy it adapted
-    for the request's tenant, as published when the request's first proposal is made."""
+    """EagleDrafter(layer, adapter=None, beam=BEAM): drafts trees with a trained `Layer` on
+    the layer states of the target it is bound to (a target built with `layer.layers`:
+    `LM.hidden_layers`); with an `adapter` (`specwise.adapt.Adapter`), with the copy it
+    adapted for the request's tenant, as published when the request's first proposal is made.
+    """
 
     name = "eagle"
-    # Not cheap: a proposal costs a few percent of a target step (memory-bound products), so
-    # the controller decides first and the layer runs only in the rounds it gives it.
-    cheap = False
-    max_tokens = 1  # the depth it was trained for
+    # Cheap: a whole tree costs a few percent of a target step, so it is offered before the
+    # controller decides, which takes the best prefix of it (module docstring).
+    cheap = True
+    max_tokens = None
 
-    def __init__(self, layer: Layer, adapter: Any = None) -> None:
+    def __init__(self, layer: Layer, adapter: Any = None, beam: int = BEAM) -> None:
+        if beam < 1:
+            raise ValueError(f"beam = {beam} is invalid; use an integer >= 1")
         self.layer = layer
         self.adapter = adapter
+        self.beam = beam
         self.fingerprint = (
-            f"eagle:{layer.meta.get('key', 'unsaved')}:{layer.meta.get('trained', '')}"
+            f"eagle:{layer.meta.get('key', 'unsaved')}:{layer.meta.get('trained', '')}:{beam}"
         )
         self._target: LM | None = None
+        self._trees = False
         self._seqs: dict[int, _Seq] = {}
 
     def bind(self, target: LM) -> None:
         x = self.layer
-        check_target(target, x.hidden_size, x.vocab_size, "eagle", "this layer was", "a layer")
+        have = tuple(getattr(target, "hidden_layers", ()))
+        if have != x.layers or target.hidden_size != x.state_size:
+            raise ValueError(
+                f"the eagle drafter reads the target's layers {list(x.layers)} "
+                f"({x.state_size} wide); this target was loaded with "
+                f"{list(have) if have else 'no layer states'} (specwise loads them when "
+                f"--drafter names eagle)"
+            )
+        if target.vocab_size != x.vocab_size:
+            raise ValueError(
+                f"this layer was trained on a vocabulary of {x.vocab_size} tokens; the "
+                f"target's has {target.vocab_size}: train a layer for this model"
+            )
         self._target = target
+        self._trees = bool(target.trees)
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
-        self._seqs.pop(seq, None)  # begun at its first proposal (k=auto begins it lazily)
+        self._seqs.pop(seq, None)  # begun at its first proposal
 
     def propose(
         self,
@@ -329,16 +524,18 @@ class EagleDrafter:
             layer = self.layer if self.adapter is None else self.adapter.net_for(seq)
             s = self._seqs[seq] = _Seq(0, layer, layer.new_cache())
         cached = len(context) - 1  # the target holds every committed token but the last
-        states = self._target.hiddens(seq, s.read) if s.read < cached else None
+        start = max(s.read, cached - WINDOW) if s.cache.n == 0 else s.read
+        states = self._target.hiddens(seq, start) if start < cached else None
         if states is None or len(states) == 0:  # nothing new, or not kept: no draft
             return Draft([], None)
         first = cached - len(states)
         if first != s.read and s.cache.n:  # positions lost: start again after them
             s.cache = s.layer.new_cache()
-        logits = s.layer.step(s.cache, states, context[first + 1 : cached + 1])
+        feature, logits = s.layer.read(s.cache, states, context[first + 1 : cached + 1])
         s.read = cached
-        x, q, c = draw(logits, s.layer.ids, s.layer.vocab_size, params, sampler)
-        return Draft([x], None if q is None else q[None], [c])
+        tree = propose_tree(s.layer, s.cache, feature, logits, k, self.beam if self._trees else 1)
+        chain = all(q == i - 1 for i, q in enumerate(tree.parents))
+        return Draft(tree.tokens, None, tree.confidence, None if chain else tree.parents)
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
         return None
@@ -347,27 +544,26 @@ class EagleDrafter:
         self._seqs.pop(seq, None)
 
     def lag(self, seq: int, context: Sequence[int]) -> int:
-        """Positions to read before drafting beyond the one a round reads anyway; 0 for a
-        request not begun yet (its first proposal reads the answer so far: a few positions
-        where k=auto picks it early)."""
-        s = self._seqs.get(seq)
-        return 0 if s is None else max(0, len(context) - 2 - s.read)
+        return 0  # cheap: its catch-up is part of its proposal's cost
 
     def measure_cost(self) -> tuple[float, float]:
-        """(ms per proposed token: one position read after 256, ms per further position read
-        in the same call), medians of 20 after 3."""
+        """(ms per proposed token: a 15-token tree after one position read past 256, over 15;
+        ms per further position read), medians of 12 after 3."""
         rng = np.random.default_rng(0)
-        h = rng.standard_normal((257 + 8, self.layer.hidden_size)).astype(np.float32)
-        one, more = [], []
-        for i in range(23):
-            cache = self.layer.new_cache()
-            self.layer.step(cache, h[:256], [0] * 256)
+        x = self.layer
+        h = rng.standard_normal((257 + 8, x.state_size)).astype(np.float32)
+        tree_ms, more = [], []
+        beam = self.beam if self._trees or self._target is None else 1
+        for i in range(15):
+            cache = x.new_cache()
+            x.read(cache, h[:256], [0] * 256)
             t = time.perf_counter()
-            self.layer.step(cache, h[256:257], [0])
+            a, lg = x.read(cache, h[256:257], [0])
+            propose_tree(x, cache, a, lg, 15, beam)
             t1 = time.perf_counter()
-            self.layer.step(cache, h[257:], [0] * 8)
+            x.read(cache, h[257:], [0] * 8)
             if i >= 3:
-                one.append(t1 - t)
+                tree_ms.append(t1 - t)
                 more.append(time.perf_counter() - t1)
-        per = float(np.median(one)) * 1000.0
-        return per, max(0.0, (float(np.median(more)) * 1000.0 - per) / 7)
+        per = float(np.median(tree_ms)) * 1000.0 / 15
+        return per, max(0.0, float(np.median(more)) * 1000.0 / 8)

@@ -1,0 +1,286 @@
+"""Training the eagle drafter's layer (`drafters.eagle.Layer`) on the teacher's data
+(`specwise.teacher`), and scoring it on the held-out sequences.
+
+- **Vocabulary** (`choose_vocab`): the `size` ids the target put first most often at the
+  training positions, plus its end-of-text ids; the layer can name only these.
+- **Batches**: windows of up to `WINDOW` positions of training sequences (not held out), a
+  few a step. Position i of a window reads its states and the token after it; at draft depth
+  j (1..depth) it learns the target's distribution at position i + j, its top `teacher.K`
+  ids renormalised over the reduced vocabulary (where none of them is in it, or the label is
+  not trained on, the position teaches nothing at that depth).
+- **Training-time test** (`LayerModule.unroll`): depth j >= 2 runs the layer on its own
+  feature from depth j - 1, attending to the committed positions and to its own path, as it
+  drafts; the loss is a weighted mean of the depths' soft cross-entropies (`DEPTH_WEIGHT`^(j-1)).
+- **Schedule**: AdamW at `lr`, a short warm-up, then down linearly to a tenth over the time
+  given; a checkpoint beside the data every few minutes and at the end, from which a stopped
+  run goes on (the same vocabulary and shape).
+- **Score** (`evaluate`): on held-out sequences, by depth, how often the layer's argmax is the
+  target's top token there (the data's earlier tokens given), over all, over read and over
+  answered sequences apart, and for greedy answers (where the data's tokens are the target's
+  own argmaxes, so a drafted chain is accepted exactly as far as its depths are right in a
+  row) the mean accepted length of a chain (`chain_tau`: accepted tokens per drafted round).
+
+This module measures no speed; the bench does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specwise.drafters.eagle import Layer
+from specwise.drafters.heads import vocab_index
+from specwise.teacher import Data
+
+__all__ = ["DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "train"]
+
+WINDOW = 1024  # most positions of one training window
+DEPTH_WEIGHT = 0.8  # depth j's loss weighs DEPTH_WEIGHT ** (j - 1)
+LR = 1e-3
+FINAL_LR = LR / 10  # where the schedule ends: the rate the server adapts the layer at
+WARMUP = 200  # steps
+CHECKPOINT_S = 300.0
+
+
+def choose_vocab(data: Data, size: int, always: Sequence[int] = ()) -> np.ndarray:
+    """The `size` ids the target put first most often at the training positions of `data`
+    (ties by lower id), plus `always`, sorted."""
+    keep = data.train & ~np.repeat(data.held_out(), data.lengths)
+    top = data.label_ids[keep, 0].astype(np.int64)
+    counts = np.bincount(top, minlength=int(top.max(initial=0)) + 1)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    picked = [int(i) for i in order[:size] if counts[i] > 0]
+    return np.array(sorted(set(picked) | {int(x) for x in always}), dtype=np.int64)
+
+
+def coverage(data: Data, ids: np.ndarray) -> float:
+    """The share of the training positions whose target top token is in `ids`."""
+    keep = data.train & ~np.repeat(data.held_out(), data.lengths)
+    return float(np.isin(data.label_ids[keep, 0], ids).mean()) if keep.any() else 0.0
+
+
+def _windows(data: Data, sequences: np.ndarray, rng: np.random.Generator | None):
+    """(first, end) position ranges of at most WINDOW positions covering `sequences`: each
+    sequence cut into consecutive windows (with `rng`, the cuts start at a random offset)."""
+    out = []
+    for q in sequences:
+        a, n = int(data.starts[q]), int(data.lengths[q])
+        shift = int(rng.integers(0, WINDOW)) if rng is not None and n > WINDOW else 0
+        cuts = [0, *range(shift or WINDOW, n, WINDOW), n] if n > WINDOW else [0, n]
+        out.extend((a + x, a + y) for x, y in itertools.pairwise(cuts) if y - x > 1)
+    return out
+
+
+def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
+    """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1], and per
+    depth j the label columns [B, L, K] (indices into the reduced vocabulary, 0 where none)
+    with their weights [B, L, K] (renormalised probabilities; all 0: no label)."""
+    import torch
+
+    width = max(e - a for a, e in windows)
+    n_ids = len(layer.ids)
+    s = torch.zeros(len(windows), width, layer.state_size)
+    t = torch.full((len(windows), width + depth - 1), n_ids, dtype=torch.long)
+    cols = torch.zeros(depth, len(windows), width, data.label_ids.shape[1], dtype=torch.long)
+    wts = torch.zeros(depth, len(windows), width, data.label_ids.shape[1])
+    for b, (a, e) in enumerate(windows):
+        m = e - a
+        s[b, :m] = torch.from_numpy(data.states(a, e).astype(np.float32))
+        seq_end = _sequence_end(data, a)
+        nxt = data.tokens[a + 1 : min(seq_end, e + depth - 1 + 1)]
+        t[b, : len(nxt)] = torch.from_numpy(layer.index(nxt))
+        for j in range(depth):
+            lo, hi = a + 1 + j, min(seq_end, e + 1 + j)
+            if hi <= lo:
+                continue
+            red = where[data.label_ids[lo:hi]]  # [n, K]: -1 outside the vocabulary
+            p = np.where(red >= 0, data.label_probs[lo:hi].astype(np.float32), 0.0)
+            p = p * data.train[lo:hi, None]
+            total = p.sum(axis=1, keepdims=True)
+            p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
+            cols[j, b, : hi - lo] = torch.from_numpy(red.clip(min=0))
+            wts[j, b, : hi - lo] = torch.from_numpy(p)
+    return s, t, cols, wts
+
+
+def _sequence_end(data: Data, position: int) -> int:
+    q = int(np.searchsorted(data.starts, position, side="right")) - 1
+    return int(data.starts[q] + data.lengths[q])
+
+
+def _loss(logits: list, cols, wts):
+    """The weighted mean over depths of the soft cross-entropy at labelled positions; None
+    where no position has a label."""
+    import torch
+
+    total, weight = 0.0, 0.0
+    for j, lg in enumerate(logits):
+        has = wts[j].sum(-1) > 0  # [B, L]
+        if not bool(has.any()):
+            continue
+        logp = torch.log_softmax(lg[has], dim=-1)  # [n, N]
+        ce = -(torch.gather(logp, 1, cols[j][has]) * wts[j][has]).sum(-1).mean()
+        total = total + DEPTH_WEIGHT**j * ce
+        weight += DEPTH_WEIGHT**j
+    return None if weight == 0 else total / weight
+
+
+def train(
+    layer: Layer,
+    data: Data,
+    seconds: float,
+    checkpoint: Path | None = None,
+    batch: int = 4,
+    lr: float = LR,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict:
+    """Train `layer` on the training sequences of `data` for about `seconds`, resuming from
+    `checkpoint` where it holds one for the same vocabulary and shape; returns what was done
+    and `evaluate` on the held-out sequences."""
+    import torch
+    from tqdm import tqdm
+
+    depth = layer.depth
+    where = vocab_index(layer.ids, layer.vocab_size)
+    held = data.held_out()
+    fit = np.flatnonzero(~held & (data.lengths > 1))
+    if len(fit) == 0:
+        raise ValueError("the data holds no training sequence yet")
+    module = layer.module
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+    key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
+           "layers": list(layer.layers)}
+    step, seen, spent = 0, 0, 0.0
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        if state.get("key") == key:
+            module.load_state_dict(state["weights"])
+            opt.load_state_dict(state["optimizer"])
+            step, seen, spent = state["step"], state["positions"], state.get("seconds", 0.0)
+            progress(f"resuming from {checkpoint.name}: step {step}, {seen} positions seen")
+        else:
+            progress(f"{checkpoint.name} was trained for another vocabulary or shape; "
+                     "training from the start")
+    rng = np.random.default_rng(seed + step)
+    module.train()
+    start = last_save = time.perf_counter()
+    bar = tqdm(total=max(1, int(seconds)), desc="training the layer", unit="s", file=sys.stderr)
+    windows: list = []
+    ema = None
+
+    def save() -> None:
+        if checkpoint is None:
+            return
+        tmp = checkpoint.with_suffix(".partial")
+        torch.save({"weights": module.state_dict(), "optimizer": opt.state_dict(),
+                    "step": step, "positions": seen, "key": key,
+                    "seconds": spent + time.perf_counter() - start}, tmp)
+        tmp.replace(checkpoint)
+
+    try:
+        while time.perf_counter() - start < seconds:
+            if len(windows) < batch:
+                windows.extend(_windows(data, rng.permutation(fit), rng))
+            chosen, windows = windows[:batch], windows[batch:]
+            s, t, cols, wts = _batch(layer, data, chosen, where, depth)
+            loss = _loss(module.unroll(s, t, depth), cols, wts)
+            if loss is None:
+                continue
+            frac = (time.perf_counter() - start) / seconds
+            for g in opt.param_groups:
+                g["lr"] = lr * min(1.0, (step + 1) / WARMUP) * (1.0 - 0.9 * min(1.0, frac))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            opt.step()
+            step += 1
+            seen += sum(e - a for a, e in chosen)
+            value = float(loss.detach())
+            ema = value if ema is None else 0.98 * ema + 0.02 * value
+            now = min(bar.total, int(time.perf_counter() - start))
+            if now > bar.n:
+                bar.update(now - bar.n)
+                bar.set_postfix(step=step, loss=f"{ema:.3f}", positions=seen)
+            if time.perf_counter() - last_save > CHECKPOINT_S:
+                save()
+                last_save = time.perf_counter()
+    finally:
+        bar.close()
+        module.eval()
+        save()
+    layer.publish()
+    return {
+        "steps": step,
+        "positions_seen": seen,
+        "train_positions": int(data.lengths[fit].sum()),
+        "seconds": round(spent + time.perf_counter() - start, 1),
+        **evaluate(layer, data),
+    }
+
+
+def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
+    """How often the layer's argmax is the target's top token at each draft depth, on the
+    held-out sequences (up to `limit` positions): `alpha` (depth 1..depth, each given the
+    data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers), and
+    `chain_tau` over greedy answers (module docstring)."""
+    import torch
+
+    depth = layer.depth
+    held = np.flatnonzero(data.held_out() & (data.lengths > 1))
+    groups = {"all": [], "read": [], "answer": [], "greedy": []}
+    runs = []  # per greedy-answer position: how many depths right in a row
+    total = 0
+    where = vocab_index(layer.ids, layer.vocab_size)
+    with torch.inference_mode():
+        for q in held:
+            if total >= limit:
+                break
+            meta = data.meta[q]
+            for a, e in _windows(data, np.array([q]), None):
+                s, t, _, _ = _batch(layer, data, [(a, e)], where, depth)
+                logits = layer.module.unroll(s, t, depth)
+                m = e - a
+                end = _sequence_end(data, a)
+                right = np.zeros((m, depth), dtype=bool)
+                valid = np.zeros((m, depth), dtype=bool)
+                for j, lg in enumerate(logits):
+                    guess = layer.ids[lg[0].argmax(-1).numpy()]
+                    lo, hi = a + 1 + j, min(end, e + 1 + j)
+                    n = hi - lo
+                    want = data.label_ids[lo:hi, 0]
+                    valid[:n, j] = data.train[lo:hi]
+                    right[:n, j] = guess[:n] == want
+                kinds = ["all", meta["kind"]] + (["greedy"] if meta.get("greedy") else [])
+                for kind in kinds:
+                    groups[kind].append((right, valid))
+                if meta.get("greedy"):
+                    ok = valid.all(axis=1)
+                    streak = np.cumprod(right[ok], axis=1).sum(axis=1)
+                    runs.extend(streak.tolist())
+                total += m
+    out: dict = {"scored_positions": total, "by_kind": {}}
+    for kind, parts in groups.items():
+        if not parts:
+            continue
+        r = np.concatenate([p[0] for p in parts])
+        v = np.concatenate([p[1] for p in parts])
+        out["by_kind"][kind] = {
+            "alpha": [round(float(r[v[:, j], j].mean()), 4) if v[:, j].any() else None
+                      for j in range(depth)],
+            "positions": int(v[:, 0].sum()),
+        }
+    out["alpha"] = out["by_kind"].get("all", {}).get("alpha", [])
+    out["chain_tau"] = round(float(np.mean(runs)), 3) if runs else None
+    return out
+
+
+def save_result(path: Path, result: dict) -> None:
+    """Write a training's result beside its layer (`<layer>.json`), for the manifest."""
+    path.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
