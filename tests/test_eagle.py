@@ -224,6 +224,21 @@ def _states_of(target, tokens):
     return states.astype(np.float16)
 
 
+def test_answering_after_the_stop_starts_nothing_and_finishes_what_it_began(tmp_path):
+    """The stop ends admissions, not answers: each begun answer is written whole, named by its
+    prompt's index in the list."""
+    target, _ = _toy_data(tmp_path / "first", 1)
+    writer = teacher.Writer(tmp_path / "data")
+    teacher.answer(
+        target, _prompts(10), writer, lambda: len(writer.state["answer"]["done"]) >= 3,
+        sequences=4, max_tokens=12,
+    )
+    writer.flush()
+    data = teacher.Data(tmp_path / "data")
+    assert [m["name"] for m in data.meta] == ["prompt-0", "prompt-1", "prompt-2"]
+    assert data.lengths.tolist() == [5 + 12 - 1] * 3
+
+
 def test_reading_a_text_labels_it_with_the_targets_distribution(tmp_path):
     from specwise.corpus import Chunk, Document
 

@@ -251,10 +251,11 @@ def answer(
     max_tokens: int = 320,
     on_sequence: Callable[[int], None] = lambda n: None,
 ) -> None:
-    """Decoding: the target answers `prompts` (those the writer has done skipped) `sequences`
-    at a time until `until()` says stop; a prompt's answer is greedy for even prompts, at
-    temperature 0.7 for odd ones (seeded by its index). Answers unfinished at the stop are
-    dropped (their prompts are not asked again)."""
+    """Decoding: the target answers `prompts` (those the writer has done skipped), keeping
+    `sequences` answers in every forward, until `until()` says stop: from then on it starts
+    no answer and finishes those begun (an interrupt drops them; their prompts are not asked
+    again). A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones
+    (seeded by its index)."""
     tok = target.tokenizer
     todo = [i for i, p in enumerate(prompts) if not writer.done("answer", _digest(p))]
     live: dict[int, dict] = {}
@@ -299,8 +300,8 @@ def answer(
                 finish(seq)
 
     try:
-        while (live or todo) and not until():
-            while len(live) < sequences and todo:
+        while live or (todo and not until()):
+            while len(live) < sequences and todo and not until():
                 i = todo.pop(0)
                 writer.mark("answer", _digest(prompts[i]))
                 seq = new_sequence(target)
@@ -362,11 +363,14 @@ def collect(
         late = deadline is not None and time.monotonic() >= deadline
         return late or writer.positions() >= positions
 
-    def behind() -> bool:  # the answers are short of their share
-        return writer.positions("answer") < answers * writer.positions()
+    def behind(margin: int = 0) -> bool:  # the answers are short of their share (+ margin)
+        return writer.positions("answer") < answers * writer.positions() + margin
 
     def read_enough() -> bool:
         return stop() or (answers > 0 and behind())
+
+    def answered_enough() -> bool:  # a shard's worth past the share: the batch runs full
+        return stop() or not behind(SHARD_POSITIONS)
 
     bar = progress_bar(positions, "teacher data")
     bar.update(min(positions, writer.positions()))
@@ -378,11 +382,11 @@ def collect(
     try:
         while not stop():
             if behind() and answers > 0:
-                todo = [p for p in asks if not writer.done("answer", _digest(p))][:sequences]
-                if not todo:
+                if all(writer.done("answer", _digest(p)) for p in asks):
                     answers = 0.0  # the asks ran out: read from here on
                     continue
-                answer(target, todo, writer, lambda: False, sequences, on_sequence=moved)
+                # the whole list, so that a prompt's index (its name, its split) is its own
+                answer(target, asks, writer, answered_enough, sequences, on_sequence=moved)
                 continue
             before = writer.positions("read")
             read(target, chunks, writer, read_enough, rows, ids, on_sequence=moved)
