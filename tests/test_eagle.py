@@ -6,6 +6,7 @@ data and training on a toy target, and its errors."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -273,18 +274,64 @@ def test_training_on_a_toy_target_learns_a_layer_that_is_accepted(tmp_path):
     ids = eagle_training.choose_vocab(data, 6)
     layer = Layer(36, LAYERS, ids, 6, width=32, depth=3, seed=0)
     before = eagle_training.evaluate(layer, data)
-    result = eagle_training.train(layer, data, seconds=10.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
+    result = eagle_training.train(layer, data, epochs=20, checkpoint=tmp_path / "l.pt", lr=3e-3)
     assert result["alpha"][0] > 0.7 and result["alpha"][0] > before["alpha"][0] + 0.2, result
     assert result["by_kind"]["greedy"]["alpha"][1] > 0.6, result  # depth 2: training-time test
-    assert result["chain_tau"] > 1.0
+    assert result["chain_accepted"] > 1.0
     greedy = SamplingParams(max_tokens=30)
     prompt = [0, 3, 1, 4]
     res = Engine(target, EagleDrafter(layer), k=6).generate(prompt, greedy)
     assert res.tokens == plain_decode(target, prompt, greedy)
     assert res.summary.mean_accepted_length > 1.8, res.summary
     again = Layer(36, LAYERS, ids, 6, width=32, depth=3, seed=5)  # resumes from the checkpoint
-    got = eagle_training.train(again, data, seconds=1.0, checkpoint=tmp_path / "l.pt", lr=3e-3)
-    assert got["steps"] > result["steps"]
+    got = eagle_training.train(again, data, epochs=21, checkpoint=tmp_path / "l.pt", lr=3e-3)
+    assert result["steps"] < got["steps"] < result["steps"] * 1.2  # one epoch more
+    assert result["precision"] in ("fp32", "bf16")
+
+
+def test_a_smaller_training_set_is_part_of_every_larger_one_and_epochs_count_positions(tmp_path):
+    _target, data = _toy_data(tmp_path / "data")
+    every = eagle_training.training_sequences(data)
+    assert not data.held_out()[every].any() and data.held_out().any()
+    sets = [eagle_training.training_sequences(data, n) for n in (100, 300, 600)]
+    for small, big in itertools.pairwise([*sets, every]):
+        assert set(small) < set(big)
+    for n, got in zip((100, 300, 600), sets, strict=True):
+        held = int(data.lengths[got].sum())
+        assert n <= held < n + data.lengths.max()
+    layer = Layer(36, LAYERS, eagle_training.choose_vocab(data, 6), 6, width=16, depth=2)
+    result = eagle_training.train(layer, data, epochs=2, positions=300, batch=2)
+    assert result["train_positions"] == int(data.lengths[sets[1]].sum())
+    assert 2 * result["train_positions"] <= result["positions_seen"]
+    assert result["positions_seen"] < 2 * result["train_positions"] + 2 * data.lengths.max()
+    with pytest.raises(ValueError, match="give one of them"):
+        eagle_training.train(layer, data)
+
+
+def test_the_bench_answers_are_greedy_held_out_and_scored_by_category(tmp_path, monkeypatch):
+    import specwise.prompts
+    from specwise.prompts import Prompt
+
+    asks = [Prompt(f"{c}-{i}", c, (p,)) for i, (c, p) in
+            enumerate(zip(["chat", "math"] * 3, _prompts(6), strict=True))]
+    monkeypatch.setattr(specwise.prompts, "shipped", lambda: asks)
+    target, _ = _toy_data(tmp_path / "first", 1)
+    teacher.bench_answers(target, tmp_path / "bench", max_tokens=10, sequences=4)
+    data = teacher.Data(tmp_path / "bench")
+    assert sorted(m["name"] for m in data.meta) == sorted(p.id for p in asks)
+    assert all(m["greedy"] and m["held_out"] and m["source"] == "bench" for m in data.meta)
+    for q, m in enumerate(data.meta):  # greedy: every answer token is the label's argmax
+        a, n = int(data.starts[q]), int(data.lengths[q])
+        assert (data.tokens[a + 6 : a + n] == data.label_ids[a + 5 : a + n - 1, 0]).all()
+        assert m["category"] == m["name"].split("-")[0]
+    layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=2)
+    got = eagle_training.evaluate(layer, data)
+    assert set(got["by_kind"]) == {"all", "answer", "greedy", "chat", "math"}
+    both = got["by_kind"]["chat"]["positions"] + got["by_kind"]["math"]["positions"]
+    assert both == got["by_kind"]["all"]["positions"] > 0
+    assert got["by_kind"]["math"]["chain_accepted"] is not None
+    teacher.bench_answers(target, tmp_path / "bench", max_tokens=10)  # done: asks nothing
+    assert len(teacher.Data(tmp_path / "bench").meta) == 6
 
 
 def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(tmp_path):

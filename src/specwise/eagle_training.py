@@ -11,16 +11,24 @@
 - **Training-time test** (`LayerModule.unroll`): depth j >= 2 runs the layer on its own
   feature from depth j - 1, attending to the committed positions and to its own path, as it
   drafts; the loss is a weighted mean of the depths' soft cross-entropies (`DEPTH_WEIGHT`^(j-1)).
+- **Data size** (`training_sequences`): all the training sequences, or a fixed random
+  subset of about n positions that every larger subset contains (the learning curve's).
 - **Schedule**: AdamW at `lr`, a short warm-up, then down linearly to a tenth over the time
-  given; a checkpoint beside the data every few minutes and at the end, from which a stopped
-  run goes on (the same vocabulary and shape).
+  or the epochs given; a checkpoint beside the data every few minutes and at the end, from
+  which a stopped run goes on (the same vocabulary, shape and subset; epochs count from the
+  first step, so a resumed run ends where the first would have).
+- **Precision** (`faster_in_bf16`): the first steps alternate float32 and bfloat16 products
+  (autocast; the weights stay float32) and the rest run in whichever this CPU ran faster.
 - **Score** (`evaluate`): on held-out sequences, by depth, how often the layer's argmax is the
   target's top token there (the data's earlier tokens given), over all, over read and over
-  answered sequences apart, and for greedy answers (where the data's tokens are the target's
-  own argmaxes, so a drafted chain is accepted exactly as far as its depths are right in a
-  row) the mean accepted length of a chain (`chain_tau`: accepted tokens per drafted round).
+  answered sequences apart, by the category of a bench answer (`teacher.bench_answers`), and
+  for greedy answers (where the data's tokens are the target's own argmaxes, so a drafted
+  chain is accepted exactly as far as its depths are right in a row) the mean accepted
+  length of a chain (`chain_accepted`: accepted tokens per drafted round, the bonus token
+  not counted).
 
-This module measures no speed; the bench does.
+This module times only its own training steps (to choose their precision); the bench
+measures drafting speed.
 """
 
 from __future__ import annotations
@@ -131,32 +139,61 @@ def _loss(logits: list, cols, wts):
     return None if weight == 0 else total / weight
 
 
+def training_sequences(data: Data, positions: int | None = None) -> np.ndarray:
+    """The sequences trained on (not held out, longer than one position); with `positions`,
+    the first of them in a fixed random order that hold about that many positions (so a
+    smaller set is part of every larger one, and each keeps the data's mix)."""
+    fit = np.flatnonzero(~data.held_out() & (data.lengths > 1))
+    if positions is None:
+        return fit
+    order = np.random.default_rng(0).permutation(fit)
+    n = int(np.searchsorted(np.cumsum(data.lengths[order]), positions)) + 1
+    return np.sort(order[:n])
+
+
+def faster_in_bf16(timed: dict[bool, list[float]], steps: int = 3) -> bool | None:
+    """Whether training steps run faster with bfloat16 products (torch's autocast) than in
+    float32 on this CPU, from the seconds of `steps` steps of each (`timed[False]`: float32,
+    `timed[True]`: bf16; the first of each is a warm-up, not counted): True where bf16's
+    median is at least 10% lower; None until both have `steps` steps. Measured, never
+    assumed from a CPU flag: without native bf16 products the emulation is slower."""
+    if min(len(timed[False]), len(timed[True])) < steps:
+        return None
+    fp32, half = (float(np.median(timed[k][1:])) for k in (False, True))
+    return half < 0.9 * fp32
+
+
 def train(
     layer: Layer,
     data: Data,
-    seconds: float,
+    seconds: float | None = None,
     checkpoint: Path | None = None,
     batch: int = 4,
     lr: float = LR,
     seed: int = 0,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    epochs: float | None = None,
+    positions: int | None = None,
 ) -> dict:
-    """Train `layer` on the training sequences of `data` for about `seconds`, resuming from
-    `checkpoint` where it holds one for the same vocabulary and shape; returns what was done
-    and `evaluate` on the held-out sequences."""
+    """Train `layer` on the training sequences of `data` (with `positions`, on about that
+    many: `training_sequences`) for about `seconds`, or for `epochs` passes over them,
+    resuming from `checkpoint` where it holds one for the same vocabulary, shape and data;
+    returns what was done and `evaluate` on the held-out sequences."""
     import torch
     from tqdm import tqdm
 
+    if (seconds is None) == (epochs is None):
+        raise ValueError("train for seconds or for epochs: give one of them")
     depth = layer.depth
     where = vocab_index(layer.ids, layer.vocab_size)
-    held = data.held_out()
-    fit = np.flatnonzero(~held & (data.lengths > 1))
+    fit = training_sequences(data, positions)
     if len(fit) == 0:
         raise ValueError("the data holds no training sequence yet")
+    total = int(data.lengths[fit].sum())
     module = layer.module
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
-           "layers": list(layer.layers)}
+           "layers": list(layer.layers), "positions": positions}
     step, seen, spent = 0, 0, 0.0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -171,9 +208,18 @@ def train(
     rng = np.random.default_rng(seed + step)
     module.train()
     start = last_save = time.perf_counter()
-    bar = tqdm(total=max(1, int(seconds)), desc="training the layer", unit="s", file=sys.stderr)
+    goal = seconds if seconds is not None else epochs * total
+    bar = tqdm(total=max(1, int(goal)), desc="training the layer", file=sys.stderr,
+               unit="s" if seconds is not None else "pos")
     windows: list = []
     ema = None
+    timed: dict[bool, list[float]] = {False: [], True: []}  # step seconds, fp32 and bf16
+    bf16: bool | None = None  # None: still measuring which is faster
+
+    def done() -> float:  # the share of the budget spent (epochs: from the first step on)
+        if seconds is not None:
+            return (time.perf_counter() - start) / seconds
+        return seen / goal
 
     def save() -> None:
         if checkpoint is None:
@@ -185,26 +231,32 @@ def train(
         tmp.replace(checkpoint)
 
     try:
-        while time.perf_counter() - start < seconds:
+        while done() < 1.0:
             if len(windows) < batch:
                 windows.extend(_windows(data, rng.permutation(fit), rng))
             chosen, windows = windows[:batch], windows[batch:]
             s, t, cols, wts = _batch(layer, data, chosen, where, depth)
-            loss = _loss(module.unroll(s, t, depth), cols, wts)
+            half = bf16 if bf16 is not None else len(timed[False]) > len(timed[True])
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+                logits = module.unroll(s, t, depth)
+            loss = _loss([x.float() for x in logits], cols, wts)
             if loss is None:
                 continue
-            frac = (time.perf_counter() - start) / seconds
             for g in opt.param_groups:
-                g["lr"] = lr * min(1.0, (step + 1) / WARMUP) * (1.0 - 0.9 * min(1.0, frac))
+                g["lr"] = lr * min(1.0, (step + 1) / WARMUP) * (1.0 - 0.9 * min(1.0, done()))
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
             opt.step()
+            if bf16 is None:
+                timed[half].append(time.perf_counter() - t0)
+                bf16 = faster_in_bf16(timed)
             step += 1
             seen += sum(e - a for a, e in chosen)
             value = float(loss.detach())
             ema = value if ema is None else 0.98 * ema + 0.02 * value
-            now = min(bar.total, int(time.perf_counter() - start))
+            now = min(bar.total, int(done() * goal))
             if now > bar.n:
                 bar.update(now - bar.n)
                 bar.set_postfix(step=step, loss=f"{ema:.3f}", positions=seen)
@@ -219,8 +271,9 @@ def train(
     return {
         "steps": step,
         "positions_seen": seen,
-        "train_positions": int(data.lengths[fit].sum()),
+        "train_positions": total,
         "seconds": round(spent + time.perf_counter() - start, 1),
+        "precision": "bf16" if bf16 else "fp32",
         **evaluate(layer, data),
     }
 
@@ -229,13 +282,13 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     """How often the layer's argmax is the target's top token at each draft depth, on the
     held-out sequences (up to `limit` positions): `alpha` (depth 1..depth, each given the
     data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers), and
-    `chain_tau` over greedy answers (module docstring)."""
+    `chain_accepted` over greedy answers (module docstring)."""
     import torch
 
     depth = layer.depth
     held = np.flatnonzero(data.held_out() & (data.lengths > 1))
-    groups = {"all": [], "read": [], "answer": [], "greedy": []}
-    runs = []  # per greedy-answer position: how many depths right in a row
+    groups: dict[str, list] = {"all": [], "read": [], "answer": [], "greedy": []}
+    runs: dict[str, list] = {}  # per greedy-answer position: depths right in a row, by kind
     total = 0
     where = vocab_index(layer.ids, layer.vocab_size)
     with torch.inference_mode():
@@ -258,12 +311,14 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                     valid[:n, j] = data.train[lo:hi]
                     right[:n, j] = guess[:n] == want
                 kinds = ["all", meta["kind"]] + (["greedy"] if meta.get("greedy") else [])
+                kinds += [meta["category"]] if "category" in meta else []
                 for kind in kinds:
-                    groups[kind].append((right, valid))
+                    groups.setdefault(kind, []).append((right, valid))
                 if meta.get("greedy"):
                     ok = valid.all(axis=1)
-                    streak = np.cumprod(right[ok], axis=1).sum(axis=1)
-                    runs.extend(streak.tolist())
+                    streak = np.cumprod(right[ok], axis=1).sum(axis=1).tolist()
+                    for kind in ("all", *kinds[3:]):
+                        runs.setdefault(kind, []).extend(streak)
                 total += m
     out: dict = {"scored_positions": total, "by_kind": {}}
     for kind, parts in groups.items():
@@ -276,8 +331,10 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                       for j in range(depth)],
             "positions": int(v[:, 0].sum()),
         }
+        if runs.get(kind):
+            out["by_kind"][kind]["chain_accepted"] = round(float(np.mean(runs[kind])), 3)
     out["alpha"] = out["by_kind"].get("all", {}).get("alpha", [])
-    out["chain_tau"] = round(float(np.mean(runs)), 3) if runs else None
+    out["chain_accepted"] = out["by_kind"].get("all", {}).get("chain_accepted")
     return out
 
 

@@ -45,8 +45,11 @@ __all__ = [
     "K",
     "Writer",
     "answer",
+    "bench_answers",
+    "collect",
     "label_ids",
     "read",
+    "summary",
 ]
 
 K = 8  # target probabilities kept per position
@@ -250,12 +253,14 @@ def answer(
     sequences: int = 8,
     max_tokens: int = 320,
     on_sequence: Callable[[int], None] = lambda n: None,
+    about: Sequence[dict] | None = None,
 ) -> None:
-    """Decoding: the target answers `prompts` (those the writer has done skipped), keeping
-    `sequences` answers in every forward, until `until()` says stop: from then on it starts
+    """Decoding: the target answers `prompts` (those the writer has done skipped), between
+    half of `sequences` and all of them in every forward, until `until()` says stop: from then on it starts
     no answer and finishes those begun (an interrupt drops them; their prompts are not asked
     again). A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones
-    (seeded by its index)."""
+    (seeded by its index); its meta is named by that index (`answer_held_out` splits by it),
+    or, with `about` (a dict a prompt), is that dict over it (`greedy` False draws)."""
     tok = target.tokenizer
     todo = [i for i, p in enumerate(prompts) if not writer.done("answer", _digest(p))]
     live: dict[int, dict] = {}
@@ -278,8 +283,7 @@ def answer(
             lab_ids[first + j], lab_p[first + j], top1[first + j] = ids_, p_, t1
         train = np.zeros(m, bool)
         train[first:m] = True
-        meta = {"kind": "answer", "source": "answers", "name": f"prompt-{s['i']}",
-                "held_out": answer_held_out(s["i"]), "greedy": s["i"] % 2 == 0}
+        meta = {**s["meta"], "kind": "answer"}
         writer.add("answer", _Seq(meta, [states[:m]], tokens, [lab_ids], [lab_p], [train], [top1]))
         on_sequence(m)
 
@@ -292,7 +296,7 @@ def answer(
         best = rows.argmax(axis=-1)
         for j, seq in enumerate(seqs):
             s = live[seq]
-            greedy = s["i"] % 2 == 0
+            greedy = s["meta"]["greedy"]
             x = int(best[j]) if greedy else s["sampler"].categorical(warp(rows[j], SAMPLED))
             s["labels"].append((ids32[j], p16[j], int(best[j])))
             s["tokens"].append(x)
@@ -301,14 +305,21 @@ def answer(
 
     try:
         while live or (todo and not until()):
-            while len(live) < sequences and todo and not until():
+            # refill in waves, once half the batch has finished: a finished answer leaves
+            # free cells below live ones, which the backend closes (moving every cell above)
+            # before its next call, once for the whole wave
+            wave = len(live) <= sequences // 2
+            while wave and len(live) < sequences and todo and not until():
                 i = todo.pop(0)
                 writer.mark("answer", _digest(prompts[i]))
                 seq = new_sequence(target)
                 ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
                 ids = ids[: target.context_length - max_tokens - 1]
                 row = target.forward([(seq, ids)], last_only=True)[0][-1]
-                live[seq] = {"i": i, "sampler": Sampler(i), "tokens": list(ids),
+                meta = {"source": "answers", "name": f"prompt-{i}",
+                        "held_out": answer_held_out(i), "greedy": i % 2 == 0}
+                meta.update(about[i] if about is not None else {})
+                live[seq] = {"meta": meta, "sampler": Sampler(i), "tokens": list(ids),
                              "prompt": len(ids), "labels": []}
                 emit([seq], row[None])
             if live:
@@ -320,6 +331,34 @@ def answer(
     finally:
         for q in list(live):
             target.release(q)
+
+
+def bench_answers(
+    target: LM,
+    folder: Path,
+    max_tokens: int = 256,
+    sequences: int = 8,
+    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict:
+    """The target's greedy answers to the bench's shipped prompts (their first turn, as the
+    bench asks them), written to `folder` as an answer set named by prompt id and category:
+    what a layer is scored on as it drafts for the categories (`eagle_training.evaluate`),
+    never trained on (it lives apart from `collect`'s folder). Resumes; returns `summary`."""
+    from specwise.prompts import shipped
+
+    asks = shipped()
+    about = [{"source": "bench", "name": p.id, "category": p.category, "held_out": True,
+              "greedy": True} for p in asks]
+    writer = Writer(folder)
+    bar = progress_bar(len(asks), "bench answers")
+    bar.update(len(writer.state["answer"]["done"]))
+    try:
+        answer(target, [p.turns[0] for p in asks], writer, lambda: False, sequences,
+               max_tokens, on_sequence=lambda n: bar.update(1), about=about)
+    finally:
+        writer.flush()
+        bar.close()
+    return summary(folder)
 
 
 def collect(
@@ -454,14 +493,8 @@ class Data:
 
     def held_out(self) -> np.ndarray:
         """[sequences] bool: held out (never trained on): a read document by its name
-        (`corpus.held_out`), an answer by its prompt's index (`answer_held_out`)."""
-        from specwise.corpus import held_out
-
-        return np.array([
-            answer_held_out(int(m["name"].split("-")[1])) if m["kind"] == "answer"
-            else held_out(m["name"])
-            for m in self.meta
-        ])
+        (`corpus.held_out`), an answer by its prompt's index (`answer_held_out`), as written."""
+        return np.array([bool(m["held_out"]) for m in self.meta])
 
 
 def progress_bar(total: int, desc: str):
