@@ -300,7 +300,12 @@ def test_a_smaller_training_set_is_part_of_every_larger_one_and_epochs_count_pos
         held = int(data.lengths[got].sum())
         assert n <= held < n + data.lengths.max()
     layer = Layer(36, LAYERS, eagle_training.choose_vocab(data, 6), 6, width=16, depth=2)
-    result = eagle_training.train(layer, data, epochs=2, positions=300, batch=2)
+    result = eagle_training.train(
+        layer, data, epochs=2, positions=300, batch=2, curve=[100, 200, 10**6],
+        judge=lambda net: {"held_out": eagle_training.evaluate(net, data, limit=50)},
+    )
+    assert all(c["positions_seen"] >= n for c, n in zip(result["curve"], (100, 200), strict=True))
+    assert len(result["curve"]) == 2 and result["curve"][0]["held_out"]["alpha"]
     assert result["train_positions"] == int(data.lengths[sets[1]].sum())
     assert 2 * result["train_positions"] <= result["positions_seen"]
     assert result["positions_seen"] < 2 * result["train_positions"] + 2 * data.lengths.max()

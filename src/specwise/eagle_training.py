@@ -37,6 +37,7 @@ import itertools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -174,11 +175,16 @@ def train(
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     epochs: float | None = None,
     positions: int | None = None,
+    curve: Sequence[int] = (),
+    judge: Callable[[Layer], dict] | None = None,
 ) -> dict:
     """Train `layer` on the training sequences of `data` (with `positions`, on about that
     many: `training_sequences`) for about `seconds`, or for `epochs` passes over them,
     resuming from `checkpoint` where it holds one for the same vocabulary, shape and data;
-    returns what was done and `evaluate` on the held-out sequences."""
+    returns what was done and `evaluate` on the held-out sequences. With `curve` (positions
+    seen) and `judge` (a layer -> its scores), the result's `curve` holds what `judge` said
+    as the training passed each of them: in a first epoch, the layer trained on that many
+    distinct positions, at the learning rate of that point of the schedule."""
     import torch
     from tqdm import tqdm
 
@@ -214,6 +220,8 @@ def train(
     windows: list = []
     ema = None
     timed: dict[bool, list[float]] = {False: [], True: []}  # step seconds, fp32 and bf16
+    points = sorted(n for n in curve if n > seen)
+    scored: list[dict] = []
     bf16: bool | None = None  # None: still measuring which is faster
 
     def done() -> float:  # the share of the budget spent (epochs: from the first step on)
@@ -238,7 +246,10 @@ def train(
             s, t, cols, wts = _batch(layer, data, chosen, where, depth)
             half = bf16 if bf16 is not None else len(timed[False]) > len(timed[True])
             t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half), \
+                    warnings.catch_warnings():
+                # RMSNorm's bf16 input beside its float32 weight: the unfused path, as intended
+                warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
                 logits = module.unroll(s, t, depth)
             loss = _loss([x.float() for x in logits], cols, wts)
             if loss is None:
@@ -260,6 +271,14 @@ def train(
             if now > bar.n:
                 bar.update(now - bar.n)
                 bar.set_postfix(step=step, loss=f"{ema:.3f}", positions=seen)
+            while points and seen >= points[0] and judge is not None:
+                points.pop(0)
+                module.eval()
+                scored.append({"positions_seen": seen, "steps": step, **judge(layer)})
+                module.train()
+                said = [f"{k} α1 {v['alpha'][0]}" for k, v in scored[-1].items()
+                        if isinstance(v, dict) and v.get("alpha")]
+                progress(f"at {seen} positions seen: {', '.join(said)}")
             if time.perf_counter() - last_save > CHECKPOINT_S:
                 save()
                 last_save = time.perf_counter()
@@ -274,6 +293,7 @@ def train(
         "train_positions": total,
         "seconds": round(spent + time.perf_counter() - start, 1),
         "precision": "bf16" if bf16 else "fp32",
+        **({"curve": scored} if scored else {}),
         **evaluate(layer, data),
     }
 
