@@ -319,12 +319,15 @@ def test_the_runner_builds_drafters_with_the_options_given():
 
 
 def test_drafter_options_are_checked_before_any_model_loads(capsys, monkeypatch):
-    import specwise.cli
+    import specwise.cli.bench
+    import specwise.cli.common
 
     def no_models(*_, **__):
         raise AssertionError("models loaded before the options were checked")
 
-    monkeypatch.setattr(specwise.cli, "_load_models", no_models)
+    # where each command looks it up: bench in its own module, generate in `_build_engine`'s
+    monkeypatch.setattr(specwise.cli.bench, "_load_models", no_models)
+    monkeypatch.setattr(specwise.cli.common, "_load_models", no_models)
     for command in (["bench"], ["generate", "--k", "auto", "hello"]):
         assert main([*command, "--drafter", "ngram,suffix", "--suffix-branches", "0"]) == 2
         assert "suffix branches = 0 is invalid" in capsys.readouterr().err
@@ -421,7 +424,8 @@ def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extr
 def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default():
     """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix and
     the draft model); the numeric k's run the draft model and the n-gram drafter."""
-    from specwise.cli import _bench_drafters, build_parser
+    from specwise.cli import build_parser
+    from specwise.cli.bench import _bench_drafters
 
     def drafters(*args):
         return _bench_drafters(build_parser().parse_args(["bench", *args]))

@@ -82,7 +82,7 @@ def test_steady_is_none_without_a_busy_time_or_with_failures_or_no_stream(result
 
 
 def test_servers_are_named_by_the_user_or_by_host_and_port():
-    from specwise.cli import _servers
+    from specwise.cli.bench_servers import _servers
 
     assert _servers("http://127.0.0.1:8000") == {"": "http://127.0.0.1:8000"}
     assert _servers("ik=http://h:1, mainline=http://h:2/v1") == {
