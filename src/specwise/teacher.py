@@ -46,6 +46,7 @@ __all__ = [
     "Writer",
     "answer",
     "bench_answers",
+    "bench_complete",
     "collect",
     "label_ids",
     "read",
@@ -232,10 +233,21 @@ def answer_held_out(i: int) -> bool:
     return i % 40 in (19, 20)
 
 
+def _chat(target: LM) -> None:
+    """ValueError where the target has no chat template: the data is framed as chat turns."""
+    try:
+        target.tokenizer.render_chat([{"role": "user", "content": ""}])
+    except ValueError:
+        raise ValueError(
+            f"{Path(target.info.model).name} has no chat template; the training data is framed "
+            "as chat turns, as the bench asks: use a chat (instruct) model"
+        ) from None
+
+
 def _end_of_turn(target: LM) -> int:
     """The chat template's end-of-turn token (the end of an answer)."""
     tok = target.tokenizer
-    for text in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>"):
+    for text in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>"):
         try:
             got = tok.encode(text, add_special=False)
         except ValueError:  # a tokenizer that has no piece for it
@@ -346,6 +358,7 @@ def bench_answers(
     never trained on (it lives apart from `collect`'s folder). Resumes; returns `summary`."""
     from specwise.prompts import shipped
 
+    _chat(target)
     asks = shipped()
     about = [{"source": "bench", "name": p.id, "category": p.category, "held_out": True,
               "greedy": True} for p in asks]
@@ -359,6 +372,17 @@ def bench_answers(
         writer.flush()
         bar.close()
     return summary(folder)
+
+
+def bench_complete(folder: Path) -> bool:
+    """Whether `folder` holds the target's answers to every bench prompt (`bench_answers`)."""
+    from specwise.prompts import shipped
+
+    path = folder / "progress.json"
+    if not path.is_file():
+        return False
+    asked = set(json.loads(path.read_text()).get("answer", {}).get("done", []))
+    return all(_digest(p.turns[0]) in asked for p in shipped())
 
 
 def collect(
@@ -379,6 +403,7 @@ def collect(
 
     if not target.hidden_layers:
         raise ValueError("making data needs a target built with hidden layers")
+    _chat(target)
     if not 0.0 <= answers <= 1.0:
         raise ValueError(f"answers = {answers} is invalid; use a share 0..1")
     import torch
@@ -446,7 +471,7 @@ def summary(folder: Path) -> dict:
         folder / "progress.json").exists() else {}
     by_source: dict[str, int] = {}
     held = 0
-    for shard in sorted(folder.glob("*-?????")):
+    for shard in sorted(p for kind in KINDS for p in folder.glob(f"{kind}-?????")):
         for m in json.loads((shard / "meta.json").read_text()):
             by_source[m["source"]] = by_source.get(m["source"], 0) + m["length"]
             held += m["length"] if m.get("held_out") else 0

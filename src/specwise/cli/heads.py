@@ -1,7 +1,7 @@
 """`specwise heads`, every subcommand of it: the drafting networks on the target's hidden
 states trained (`train`: the heads by `distill`, the eagle layer by `eagle_training`), the eagle
-layer's data made (`data`, by `teacher`) and their held-out scores (`score`), with their flags
-and what they print.
+layer's data made (`data`, by `teacher`), their held-out scores (`score`) and the eagle layer
+shipped with the package (`ship`), with their flags and what they print.
 
 No training, data or scoring logic: those modules hold it.
 """
@@ -60,14 +60,11 @@ def _heads_score(a: argparse.Namespace) -> int:
                 data = teacher.Data(eagle.data_path(model, net.layers))
             except ValueError as exc:
                 raise UsageError(f"{exc} (for {f})") from None
-            got = eagle_training.evaluate(net, data)
-            kinds = ", ".join(f"{k} {v['alpha']}" for k, v in got["by_kind"].items())
-            print(
-                f"{f}: trained on {net.meta.get('positions', '?')} positions; held out, its "
-                f"argmax is the target's token at depths 1..{net.depth} {got['alpha']} over "
-                f"{got['scored_positions']} positions ({kinds}); greedy answers' chain τ "
-                f"{got['chain_accepted']}"
-            )
+            print(f"{f}: trained on {net.meta.get('positions', '?')} positions")
+            print(_layer_table(eagle_training.evaluate(net, data), "held out"))
+            bench = eagle.bench_path(model, net.layers)
+            if teacher.bench_complete(bench):
+                print(_layer_table(eagle_training.evaluate(net, teacher.Data(bench)), "bench"))
             continue
         try:
             data = distill.load_data(folder / "work")
@@ -89,7 +86,7 @@ def _heads_data(a: argparse.Namespace) -> int:
     """`specwise heads data`: the eagle drafter's training data for the target, resumable."""
     from specwise import teacher
     from specwise.backends import model_layers, resolve_model
-    from specwise.drafters.eagle import data_path, layers_for
+    from specwise.drafters.eagle import bench_path, data_path, layers_for
 
     if a.positions < 1 or not 0.0 <= a.answers <= 1.0 or a.sequences < 1:
         raise UsageError(
@@ -104,6 +101,9 @@ def _heads_data(a: argparse.Namespace) -> int:
     a.backend = "ik_llama" if a.backend == "auto" and not model.is_dir() else a.backend
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=layers)
     folder = data_path(model, layers)
+    bench = bench_path(model, layers)
+    if not teacher.bench_complete(bench):  # what the layer is scored on, apart, made first
+        teacher.bench_answers(target, bench, sequences=a.sequences)
     got = teacher.collect(target, folder, a.positions, a.answers, a.minutes, a.sequences)
     for kind, k in got["kinds"].items():
         print(f"{kind}: {k['positions']} positions in {k['seconds']:.0f} s "
@@ -120,13 +120,18 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
 
     from specwise import eagle_training, teacher
     from specwise.backends import model_layers, resolve_model
-    from specwise.drafters.eagle import FILE, Layer, data_path, layers_for
+    from specwise.drafters.eagle import FILE, Layer, bench_path, data_path, layers_for
     from specwise.drafters.heads import heads_path, model_key
+    from specwise.machine import machine
 
     if a.width < 8 or a.width % 8 or a.depth < 1:
         raise UsageError(
             f"--width {a.width}, --depth {a.depth}: use a width that is a multiple of 8 and a "
             "depth >= 1"
+        )
+    if (a.epochs is not None and not a.epochs > 0) or (a.positions is not None and a.positions < 1):
+        raise UsageError(
+            f"--epochs {a.epochs}, --positions {a.positions}: use --epochs > 0 and --positions >= 1"
         )
     _apply_pair(a)
     model = resolve_model(a.target)
@@ -139,22 +144,107 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
             f"no training data for {model.name} here yet; make it with `specwise heads data "
             f"--target {a.target}` (resumable; about 100-130 positions/s on 2 cores)"
         ) from None
-    target, _ = _load_models(a, need_draft=False, hidden=layers)
+    a.backend = "ik_llama" if a.backend == "auto" and not model.is_dir() else a.backend
+    target, _ = _load_models(a, need_draft=False, hidden=layers)  # its sizes and end ids
     ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
     print(f"specwise: {len(data)} positions; a vocabulary of {len(ids)} tokens covers "
           f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
     meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
     layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
                   width=a.width, depth=a.depth, meta=meta)
-    ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}.pt"
-    result = eagle_training.train(layer, data, a.minutes * 60.0, checkpoint=ckpt)
-    layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=len(data),
-                      data=teacher.summary(folder), **result)
+    size = "" if a.positions is None else f"-{a.positions}"
+    ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}{size}.pt"
+    bench = bench_path(model, layers)
+    bench_data = teacher.Data(bench) if teacher.bench_complete(bench) else None
+
+    def judge(net: Layer) -> dict:  # a point of the learning curve
+        got = {"held_out": eagle_training.evaluate(net, data, limit=CURVE_LIMIT)}
+        if bench_data is not None:
+            got["bench"] = eagle_training.evaluate(net, bench_data)
+        return got
+
+    fit = eagle_training.training_sequences(data, a.positions)
+    total = int(data.lengths[fit].sum())
+    curve = [n for n in (CURVE_FIRST * 2**i for i in range(20)) if n < total] + [total]
+    result = eagle_training.train(
+        layer, data, None if a.epochs else a.minutes * 60.0, checkpoint=ckpt,
+        epochs=a.epochs, positions=a.positions, curve=curve if a.curve else (), judge=judge,
+    )
+    if bench_data is not None:
+        result["bench"] = eagle_training.evaluate(layer, bench_data)
+    layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=total,
+                      data=teacher.summary(folder), machine=machine(), **result)
     out = heads_path(model) / FILE
     layer.save(out)
-    print(f"held out: the layer's argmax is the target's at depths 1..{a.depth} "
-          f"{result['alpha']}; greedy answers' chain τ {result['chain_accepted']}")
-    print(f"specwise: saved to {out}; draft with --drafter eagle (or among them, with --k auto)")
+    eagle_training.save_result(out, layer.meta)
+    print(_layer_table(result, "held out"))
+    if bench_data is not None:
+        print(_layer_table(result["bench"], "bench"))
+    if result.get("curve"):
+        print(_curve_table(result["curve"]))
+    print(f"specwise: saved to {out} (its training beside it, {out.with_suffix('.json').name}); "
+          "draft with --drafter eagle (or among them, with --k auto)")
+    return 0
+
+
+CURVE_FIRST = 62_500  # the learning curve's first point, in positions seen; then doublings
+CURVE_LIMIT = 40_000  # held-out positions scored at each point of the curve
+
+
+def _layer_table(got: dict, what: str) -> str:
+    """A layer's scores (`eagle_training.evaluate`) as a table: a row per kind or category."""
+    if not got["by_kind"]:
+        return f"{what}: no positions to score yet (the data holds too few sequences)"
+    depth = len(got["alpha"])
+    head = " | ".join(f"α{j + 1}" for j in range(depth))
+    lines = [f"{what}: how often the layer's argmax is the target's token, by draft depth",
+             f"| {what} | positions | {head} | accepted a round (chain of {depth}) |",
+             "|---|---|" + "---|" * depth + "---|"]
+    for kind, v in got["by_kind"].items():
+        alpha = " | ".join("—" if x is None else f"{x:.3f}" for x in v["alpha"])
+        acc = v.get("chain_accepted")
+        lines.append(f"| {kind} | {v['positions']} | {alpha} | {'—' if acc is None else acc} |")
+    return "\n".join(lines)
+
+
+def _curve_table(curve: list[dict]) -> str:
+    """The learning curve: by positions seen, α1 and accepted tokens a round held out and on
+    the bench answers (all categories, and code generation)."""
+    lines = ["learning curve (one pass: each position seen once until the last point)",
+             "| positions seen | held out α1 | held out accepted | bench α1 | bench accepted "
+             "| code_generation α1 | code_generation accepted |",
+             "|---|---|---|---|---|---|---|"]
+    for c in curve:
+        held, bench = c["held_out"], c.get("bench", {"by_kind": {}})
+        code = bench["by_kind"].get("code_generation", {})
+        every = bench["by_kind"].get("all", {})
+        cells = [(held["alpha"] or [None])[0], held.get("chain_accepted"),
+                 (every.get("alpha") or [None])[0],
+                 every.get("chain_accepted"), (code.get("alpha") or [None])[0],
+                 code.get("chain_accepted")]
+        lines.append(f"| {c['positions_seen']} | " + " | ".join(
+            "—" if x is None else str(x) for x in cells) + " |")
+    return "\n".join(lines)
+
+
+def _heads_ship(a: argparse.Namespace) -> int:
+    """`specwise heads ship`: the eagle layer trained here becomes the one specwise ships for
+    the target (`eagle.ship`)."""
+    from specwise.backends import resolve_model
+    from specwise.drafters import eagle
+    from specwise.drafters.heads import heads_path
+
+    _apply_pair(a)
+    model = resolve_model(a.target)
+    trained = heads_path(model) / eagle.FILE
+    if not trained.is_file():
+        raise UsageError(
+            f"no drafting layer is trained for {model.name} here; make one with `specwise heads "
+            f"data` then `specwise heads train --arch eagle` (see `make eagle-layer`)"
+        )
+    out = eagle.ship(trained, model)
+    size = sum(p.stat().st_size for p in out.parent.iterdir()) / 2**20
+    print(f"specwise: shipped {trained} as {out} with its manifest ({size:.1f} MiB in all)")
     return 0
 
 
@@ -165,6 +255,8 @@ def cmd_heads(a: argparse.Namespace) -> int:
         return _heads_score(a)
     if a.heads_command == "data":
         return _heads_data(a)
+    if a.heads_command == "ship":
+        return _heads_ship(a)
     if not a.minutes > 0 or a.heads < 1 or (a.vocab is not None and a.vocab < 16) or a.sequences < 1:
         raise UsageError(
             "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
@@ -172,6 +264,8 @@ def cmd_heads(a: argparse.Namespace) -> int:
         )
     if a.arch == "eagle":
         return _heads_train_eagle(a)
+    if a.epochs is not None or a.positions is not None or a.curve:
+        raise UsageError("--epochs, --positions and --curve train the eagle layer: add --arch eagle")
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
     out = distill.run(target, a.minutes, a.heads, a.vocab or 2048, a.sequences)
     print(f"specwise: saved to {out}; draft with --drafter heads (or among them, with --k auto)")
@@ -206,6 +300,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--depth", type=int, default=4, help="draft depth the eagle layer is trained to (4)"
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
+    ht.add_argument(
+        "--epochs", type=float,
+        help="eagle: passes over the data (default: --minutes of training instead)",
+    )
+    ht.add_argument(
+        "--positions", type=int,
+        help="eagle: train on about this many positions of the data (a fixed subset; default all)",
+    )
+    ht.add_argument(
+        "--curve", action="store_true",
+        help="eagle: score the layer held out and on the bench's prompts each time the "
+        f"positions seen double from {CURVE_FIRST} (the learning curve)",
+    )
     hd = hsub.add_parser(
         "data",
         help="training data for the eagle drafter at prefill speed: the target reads the local "
@@ -216,8 +323,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--positions", type=int, default=1_000_000, help="positions to hold in all (1000000)"
     )
     hd.add_argument(
-        "--answers", type=float, default=0.3,
-        help="share of the positions the target answers by decoding, the rest read (0.3)",
+        "--answers", type=float, default=0.5,
+        help="share of the positions the target answers by decoding, the rest read (0.5)",
     )
     hd.add_argument("--minutes", type=float, help="stop after this long (default: no limit)")
     hd.add_argument("--sequences", type=int, default=8, help="answers decoded at once (8)")
@@ -234,4 +341,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a heads or layer file to score (repeatable; default: the trained heads.pt and "
         "eagle.pt)",
     )
+    hp = hsub.add_parser(
+        "ship",
+        help="make the eagle layer trained here the one specwise ships for the target "
+        "(into the package's trained/ folder, with its manifest; for developers)",
+    )
+    _heads_target_args(hp)
     h.set_defaults(func=cmd_heads)

@@ -66,9 +66,11 @@ __all__ = [
     "FORMAT",
     "EagleDrafter",
     "Layer",
+    "bench_path",
     "data_path",
     "find",
     "layers_for",
+    "ship",
     "shipped_path",
 ]
 
@@ -107,6 +109,33 @@ def find(model: str | Path) -> Path | None:
 def data_path(model: str | Path, layers: Sequence[int]) -> Path:
     """Where the layer's training data for `model`, read at `layers`, lives (`teacher`)."""
     return heads_path(model) / ("data-" + "-".join(map(str, layers)))
+
+
+def bench_path(model: str | Path, layers: Sequence[int]) -> Path:
+    """Where the target's answers to the bench's prompts, read at `layers`, live: what a layer
+    is scored on for the categories, apart from the training data (`teacher.bench_answers`)."""
+    return heads_path(model) / ("bench-" + "-".join(map(str, layers)))
+
+
+def ship(trained: Path, model: str | Path) -> Path:
+    """Copy the layer file `trained` (with its training record beside it, `<name>.json`) to
+    where specwise ships a layer for `model` (`shipped_path`), with `manifest.json`: that
+    record, the file's sha256 and the command that rebuilds it. Returns the shipped file."""
+    import hashlib
+    import json
+    import shutil
+
+    out = shipped_path(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = trained.with_suffix(".json")
+    manifest = json.loads(record.read_text()) if record.is_file() else {}
+    digest = hashlib.sha256(trained.read_bytes()).hexdigest()
+    manifest.update(file=FILE, file_sha256=digest, rebuild="make eagle-layer")
+    part = out.with_suffix(".partial")
+    shutil.copyfile(trained, part)
+    part.replace(out)
+    (out.parent / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return out
 
 
 class Layer:
