@@ -104,3 +104,24 @@ def test_torch_hidden_states_are_the_final_norms_output():
     w = model.lm_head.weight.detach().numpy()
     np.testing.assert_allclose(h @ w.T, logits[2], atol=1e-4)
     assert TorchLM(model).hidden_size == 0
+
+
+def test_a_ctrl_c_in_the_state_tap_is_raised_after_the_forward_not_lost():
+    """Ctrl-C lands in the Python that runs: during a forward with layer states, mostly the
+    tap's callback, where ctypes would print and drop it. The tap keeps it for `take`."""
+    from specwise.backends import ik_llama
+
+    class Ggml:  # the two calls the tap makes, the first interrupted
+        def ggml_get_name(self, tensor):
+            raise KeyboardInterrupt
+
+        def ggml_nbytes(self, tensor):
+            return 0
+
+    if not ik_llama.available():
+        pytest.skip(ik_llama.UNAVAILABLE)
+    tap = ik_llama._HiddenTap(Ggml(), 4, ["l_out-1"])
+    assert tap._on_tensor(None, True, None) is True  # the graph goes on
+    with pytest.raises(KeyboardInterrupt):
+        tap.take()
+    assert tap.take().shape == (0, 4)  # raised once

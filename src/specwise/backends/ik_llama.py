@@ -191,7 +191,8 @@ class _HiddenTap:
     every node (~850 a forward of a 1.5B model: well under a millisecond) and computes the
     graph up to the node wanted next. While `final` is a list (`IkLlamaLM.read`), it also
     copies `result_norm` into it and stops the graph there: nothing after it is computed. A
-    callback must not raise into C; an error is kept and raised by `take`."""
+    callback must not raise into C; an error is kept and raised by `take`, and so is a Ctrl-C
+    that arrives while the callback runs (as KeyboardInterrupt, once the forward is done)."""
 
     def __init__(self, ggml, width: int, names: Sequence[str]) -> None:
         self._ggml, self.width = ggml, width
@@ -199,6 +200,7 @@ class _HiddenTap:
         self._rows: dict[bytes, list[np.ndarray]] = {n: [] for n in self._names}
         self.final: list[np.ndarray] | None = None
         self._error: str | None = None
+        self._interrupted = False
         self.callback = ik_api.eval_callback(self._on_tensor)
 
     def _on_tensor(self, tensor, ask: bool, _user) -> bool:
@@ -216,6 +218,8 @@ class _HiddenTap:
             if self.final is not None and name == FINAL_B:
                 self.final.append(rows)
                 return False  # stop the graph: the logits are not wanted
+        except KeyboardInterrupt:  # Ctrl-C lands in whatever Python runs: here, mostly
+            self._interrupted = True
         except Exception as exc:  # reported by take()
             self._error = self._error or f"{type(exc).__name__}: {exc}"
         return True  # False would stop the graph
@@ -225,6 +229,9 @@ class _HiddenTap:
         [rows, len(names) * width]."""
         got = [self._rows[n] for n in self._names]
         self._rows = {n: [] for n in self._names}
+        if self._interrupted:  # raised here, after the forward, as it would have been
+            self._interrupted, self._error = False, None
+            raise KeyboardInterrupt
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"reading ik_llama's hidden states failed: {error}")
