@@ -44,6 +44,7 @@ __all__ = [
     "LM",
     "BackendInfo",
     "HiddenLog",
+    "NoLayerStates",
     "Reserved",
     "Tokenizer",
     "check_append",
@@ -56,6 +57,10 @@ __all__ = [
     "one_pass_each",
     "refuse_trees",
 ]
+
+
+class NoLayerStates(ValueError):
+    """The backend cannot read the outputs of a model's layers (`LM.hidden_layers`)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from specwise.cli.common import (
     _apply_pair,
     _default_drafters,
     _drafter_options,
-    _hidden,
+    _eagle_by_default,
+    _load_drafting,
     _load_models,
 )
 from specwise.cli.options import _bench_prompts, _csv, _drafter_sets, _k, _model_args
@@ -38,7 +39,7 @@ def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]
         return a.drafter.split(","), fixed
     _apply_pair(a)
     draft = bool(a.draft)
-    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]))
+    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]), _eagle_by_default(a))
     fixed = fixed or (["model", "ngram"] if draft else ["ngram"])
     return list(dict.fromkeys(drafters + fixed)), fixed
 
@@ -98,9 +99,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         SamplingParams(top_p=p)
     prompts = _bench_prompts(a)
     runs_draft = [n for n in drafters if n in DRAFT_MODEL]
-    target, draft = _load_models(
-        a, need_draft=bool(runs_draft), hidden=_hidden(drafters, options.drafter_options)
-    )
+    target, draft = _load_drafting(a, drafters, options.drafter_options, bool(runs_draft))
     if runs_draft and draft is None:
         raise UsageError(
             f"the {runs_draft[0]} drafter needs --draft or --pair (or drop it: --drafter ngram)"

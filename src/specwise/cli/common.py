@@ -45,13 +45,30 @@ def _apply_pair(a: argparse.Namespace) -> None:
         a.draft = a.draft or pair.draft
 
 
-def _default_drafters(draft: bool, auto: bool) -> list[str]:
+def _default_drafters(draft: bool, auto: bool, eagle: bool = False) -> list[str]:
     """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
-    drafters, plus the draft model when there is one; with a fixed k the draft model if there
-    is one, else the n-gram drafter. The bench's `auto` runs over the same set."""
+    drafters, the eagle drafter where a layer is trained or shipped for the target (`eagle`:
+    `_eagle_by_default`), and the draft model when there is one; with a fixed k the draft
+    model if there is one, else the n-gram drafter. The bench's `auto` runs over the same
+    set."""
     if auto:
-        return ["ngram", "suffix", "model"] if draft else ["ngram", "suffix"]
+        return ["ngram", "suffix", *(["eagle"] if eagle else []), *(["model"] if draft else [])]
     return ["model"] if draft else ["ngram"]
+
+
+def _eagle_by_default(a: argparse.Namespace) -> bool:
+    """Whether the eagle drafter is among the defaults: a layer is trained here or shipped
+    for the target (`eagle.find`), and the backend asked for can read the target's layers
+    (ik_llama or torch; `auto` too: where it picks mainline, `_load_models` drops it)."""
+    from specwise.backends import resolve_model
+    from specwise.drafters import eagle
+
+    if a.backend == "llama_cpp" or not a.target:
+        return False
+    try:
+        return eagle.find(resolve_model(a.target)) is not None
+    except (ValueError, OSError):  # a bad target is said where the models load
+        return False
 
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
@@ -61,7 +78,7 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     else:
-        names = _default_drafters(bool(a.draft), a.k == "auto")
+        names = _default_drafters(bool(a.draft), a.k == "auto", _eagle_by_default(a))
     from specwise.drafters import DRAFTERS
 
     for n in names:
@@ -95,6 +112,30 @@ def _load_models(
     return load_pair(
         a.target, draft, a.backend, a.threads, max_sequences, exact=a.exact, hidden=hidden
     )
+
+
+def _load_drafting(
+    a: argparse.Namespace,
+    names: list[str],
+    options: dict[str, dict],
+    need_draft: bool,
+    max_sequences: int = 1,
+):
+    """`_load_models` for drafters `names` (the target keeping the states they read,
+    `_hidden`). Where the eagle drafter is among the defaults, not asked for, and the backend
+    chosen cannot read the target's layers, it is dropped from `names` and `options`, said in
+    one line, and the models load without them."""
+    from specwise.backends.base import NoLayerStates
+
+    try:
+        return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
+    except NoLayerStates as exc:
+        if "eagle" not in names or a.drafter:
+            raise
+        names.remove("eagle")
+        options.pop("eagle", None)
+        print(f"specwise: drafting without the eagle layer: {exc}", file=sys.stderr)
+        return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
 
 
 def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]:
@@ -167,12 +208,7 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     options = _drafter_options(a, names)
     adapter = _adapter(a, adapts, options)
     need_draft = any(n in DRAFT_MODEL for n in names)
-    target, draft = _load_models(
-        a,
-        need_draft=need_draft,
-        max_sequences=max_sequences,
-        hidden=_hidden(names, options),
-    )
+    target, draft = _load_drafting(a, names, options, need_draft, max_sequences)
     if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
         try:
             check_same_vocab(target, draft)
