@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from specwise.bench.ties import alone_check, near_ties
+from specwise.bench.ties import NEAR_TIE_FACTOR, alone_check, near_ties
 
 __all__ = ["FAULTS", "client_for", "error_problem", "limits", "run_faults"]
 
@@ -489,8 +489,6 @@ def unknown_fields(client: httpx.Client, rng: random.Random):
     without them, or (outside exact mode, where other load batched with each request differs)
     parts from it only at a near-tie, judged by the two answers' log-probabilities as a soak
     judges its answers (`bench.ties.alone_check`)."""
-    from specwise.bench.runner import NEAR_TIE_FACTOR
-
     prompt = rng.choice(["Name three colours.", "Say hello in French.", "What is 2 + 2?"])
     plain = _chat(prompt, max_tokens=8, logprobs=True, top_logprobs=2)
     odd = {**plain, "frobnicate": {"deep": [1, {"x": None}]}, "x_trace": "abc"}

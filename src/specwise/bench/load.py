@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from specwise.bench.ties import alone_check, near_ties
+from specwise.bench.ties import NEAR_TIE_FACTOR, alone_check, near_ties
 
 if TYPE_CHECKING:
     from specwise.engines.counters import Counters
@@ -662,7 +662,6 @@ def run_soak(
     from tqdm import tqdm
 
     from specwise.bench.faults import FAULTS, REQUEST_S, run_faults
-    from specwise.bench.runner import NEAR_TIE_FACTOR
 
     stream = stream or sys.stdout
     opts.out.mkdir(parents=True, exist_ok=True)

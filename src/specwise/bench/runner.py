@@ -38,6 +38,7 @@ import numpy as np
 
 from specwise.backends.base import LM, Reserved
 from specwise.bench import humaneval
+from specwise.bench.ties import NEAR_TIE_FACTOR
 from specwise.bench.workloads import HUMANEVAL, render
 from specwise.controller import Controller
 from specwise.detok import pieces
@@ -59,7 +60,6 @@ __all__ = [
     "numeric_noise",
 ]
 
-NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
 BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend or mode
 LOSSY = " (lossy: "  # + rule + ")": a speculative configuration under a lossy acceptance rule
 

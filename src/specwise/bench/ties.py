@@ -1,15 +1,18 @@
 """Near-ties in served answers: a greedy answer against the same request's answer alone
 (`alone_check`), both as the OpenAI API's log-probability entries, and whether every answer
 that parted from its answer alone did so at a near-tie (`near_ties`), as `bench.runner` judges
-its own divergences. A soak (`bench.load.run_soak`) and a fault (`bench.faults.unknown_fields`)
-judge their answers by it. Arithmetic on entries only: it sends no request.
+its own divergences (`NEAR_TIE_FACTOR`, the bench's one measure of near). A soak
+(`bench.load.run_soak`) and a fault (`bench.faults.unknown_fields`) judge their answers by it.
+Arithmetic on entries only: it sends no request.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["alone_check", "near_ties"]
+__all__ = ["NEAR_TIE_FACTOR", "alone_check", "near_ties"]
+
+NEAR_TIE_FACTOR = 2.0  # near-tie: a top-2 gap below this many times the measured noise
 
 
 def _gap(entry: dict) -> float:
