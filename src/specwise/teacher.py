@@ -363,7 +363,7 @@ def bench_answers(
     about = [{"source": "bench", "name": p.id, "category": p.category, "held_out": True,
               "greedy": True} for p in asks]
     writer = Writer(folder)
-    bar = progress_bar(len(asks), "bench answers")
+    bar = progress_bar(len(asks), "bench answers", "answer")
     bar.update(len(writer.state["answer"]["done"]))
     try:
         answer(target, [p.turns[0] for p in asks], writer, lambda: False, sequences,
@@ -522,7 +522,7 @@ class Data:
         return np.array([bool(m["held_out"]) for m in self.meta])
 
 
-def progress_bar(total: int, desc: str):
+def progress_bar(total: int, desc: str, unit: str = "pos"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="pos", file=sys.stderr, smoothing=0.05)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, smoothing=0.05)
