@@ -9,18 +9,9 @@ import math
 import pytest
 
 from specwise.bench import load
-from specwise.bench.load import (
-    Level,
-    LoadOptions,
-    Setting,
-    Slo,
-    _progress,
-    _steady,
-    _tokens_by,
-    slo_breaks,
-    soak_checks,
-    soak_verdict,
-)
+from specwise.bench.load import Level, LoadOptions, Setting, Slo, _progress
+from specwise.bench.load_stats import _steady, _tokens_by, slo_breaks
+from specwise.bench.soak import soak_checks, soak_verdict
 from specwise.bench.ties import alone_check, near_ties
 
 
@@ -227,6 +218,7 @@ def test_a_soaks_faults_wait_as_long_as_its_load_takes(monkeypatch, tmp_path):
     import itertools
 
     from specwise.bench import faults
+    from specwise.bench import soak as load  # the soak's own `one_request`, `time` and constants
 
     calls = itertools.count()
 

@@ -623,7 +623,8 @@ def test_a_load_run_compares_servers_side_by_side(server, tmp_path, capsys):
 
 
 def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_path, capsys):
-    from specwise.bench.load import LoadOptions, run_soak
+    from specwise.bench.load import LoadOptions
+    from specwise.bench.soak import run_soak
 
     opts = LoadOptions(
         urls={"": server[0] + "/v1"},  # either form of the URL reaches /health at the root
@@ -654,7 +655,8 @@ def test_a_soak_samples_the_servers_health_while_it_is_kept_busy(server, tmp_pat
 def test_a_soak_with_faults_checks_its_answers_against_the_same_requests_alone(
     server, tmp_path, capsys
 ):
-    from specwise.bench.load import LoadOptions, run_soak
+    from specwise.bench.load import LoadOptions
+    from specwise.bench.soak import run_soak
 
     opts = LoadOptions(
         urls={"": server[0]},

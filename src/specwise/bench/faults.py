@@ -19,7 +19,7 @@ cancellations (specwise's /metrics). The faults size themselves by the limits /h
 none. Every fault ends within a few seconds (plus, for the few that need an answer, the time
 the server takes to generate a few tokens), whatever the server does.
 
-What this is not: a load generator (`bench.load`; a soak runs these faults beside its load), a
+What this is not: a load generator (`bench.load`; a soak, `bench.soak`, runs these faults beside its load), a
 benchmark, a check that answers are right (tests/test_resilience.py compares greedy answers with
 the same requests run alone), or a leak check (the caller reads /health's `sequences` and
 `rss_mb` once the server is idle).

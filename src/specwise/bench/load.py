@@ -2,26 +2,21 @@
 
 For each concurrency level (and each speculation setting, when the server is specwise), N chat
 requests run with that many in flight. Per request: TTFT (streaming only: time to the first
-content chunk), continuation tokens/s after the first token, end-to-end latency; per level:
-latency percentiles, aggregate throughput (completion tokens over the level's wall time), steady
-throughput and errors. Steady throughput (streaming only) counts the tokens received while every
-worker had a request in flight, after the start-up — from the moment the first `concurrency`
-requests all had their first token to the moment the first request ends after the last one was
-sent — over that time. A run of N requests starts with all its first prefills at once and ends
-with its last requests finishing alone, at lower concurrency; how long that tail lasts depends
-on how far the requests drifted apart, not on the server's speed at the tested concurrency.
-Token times come from the usage a chunk carries when the server sends one with every chunk
+content chunk), continuation tokens/s after the first token, time per output token, end-to-end
+latency and, streaming, its progress (completion tokens received by each chunk's time). Token
+times come from the usage a chunk carries when the server sends one with every chunk
 (`stream_options.continuous_usage_stats`, as specwise and vLLM do), else from counting chunks.
 Every request's record (times from its run's start) goes to `requests.jsonl` in the output
-folder, the level statistics to `load.json`. Settings of one level run back to back, so their
-numbers are side by side; with `rounds` > 1 each level runs its settings that many times, in
-reversed order every other round (A B, B A, ...), so drift of the machine weighs on every
-setting alike, and the statistics pool all rounds (throughput: all tokens over all wall time;
-per-round throughputs kept). Each round of each level sends the next N prompts of the list
-(wrapping round only once the list is used up: a server that caches prompts, or a drafter that
-remembers earlier answers, would otherwise meet the same request again in the next level),
-the same ones for every setting of the round; the CLI lists the prompts a category at a time in
-turn, so that any N of them mix the categories. With several settings, each is compared with
+folder; the level statistics (`bench.load_stats`: latency percentiles, aggregate and steady
+throughput, the SLO, errors) to `load.json`, with a table in `report.md` and plots. Settings of
+one level run back to back, so their numbers are side by side; with `rounds` > 1 each level
+runs its settings that many times, in reversed order every other round (A B, B A, ...), so
+drift of the machine weighs on every setting alike, and the statistics pool all rounds. Each
+round of each level sends the next N prompts of the list (wrapping round only once the list is
+used up: a server that caches prompts, or a drafter that remembers earlier answers, would
+otherwise meet the same request again in the next level), the same ones for every setting of
+the round; the CLI lists the prompts a category at a time in turn, so that any N of them mix
+the categories. With several settings, each is compared with
 the last one (e.g. `--k auto,0`: auto / 0) level by level. Several servers (e.g. one per
 backend) make settings together with the k values: server by server, every k; each level runs
 them all side by side, and the last (e.g. the mainline server's k=0) is the baseline.
@@ -29,31 +24,23 @@ Open loop (`rates`): a level is instead an arrival rate: requests arrive at the 
 Poisson process (exponential gaps, seeded by the round, the same for every setting of the
 round) whether or not earlier ones have finished, as users do; a closed loop slows its own
 arrivals when the server slows, which flatters a slow setting. Every streaming level also
-measures a service-level objective (`Slo`: TTFT and time per output token after the first):
-the share of requests that met it (a failed request did not) and the goodput, requests that
-met it per second of the level; per setting, the highest rate whose share still reached the
-objective's target and the first that did not (where the SLO breaks).
+measures a service-level objective (`Slo`), and an open loop where it breaks.
 Given `counters` (a reader of a server's speculative counters, `engines.counters`), each run
 reads them before and after, and every level gets the acceptance figures of what its runs
 counted (`speculation`); `bench engines` reads every engine's this way.
-A soak (`run_soak`) instead keeps one level busy for a given time and samples the server's
-/health as it goes (does its memory stay bounded?).
-Talks HTTP only; it knows nothing of specwise's internals.
+Talks HTTP only; it knows nothing of specwise's internals. What it is not: the statistics
+(`bench.load_stats` computes them from the records), nor a soak, one level kept busy for a
+given time (`bench.soak`, which sends its requests with `one_request`).
 """
 
 from __future__ import annotations
 
-import bisect
-import collections
 import functools
-import itertools
 import json
-import math
 import sys
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,41 +48,20 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from specwise.bench.ties import NEAR_TIE_FACTOR, alone_check, near_ties
+from specwise.bench.load_stats import (
+    Level,
+    Setting,
+    Slo,
+    fmt,
+    level_stats,
+    slo_breaks,
+    throughput_ratios,
+)
 
 if TYPE_CHECKING:
     from specwise.engines.counters import Counters
 
-__all__ = ["Level", "LoadOptions", "Slo", "one_request", "run_load", "run_soak", "server_client"]
-
-
-@dataclass(frozen=True)
-class Slo:
-    """What a request must meet to count as served well: its first token within `ttft_s`, the
-    rest at most `tpot_s` apart on average; a level holds the SLO while at least `target` of
-    its requests meet it."""
-
-    ttft_s: float = 2.0
-    tpot_s: float = 0.2
-    target: float = 0.9
-
-    def met(self, r: dict[str, Any]) -> bool:
-        if "error" in r or r.get("ttft_s") is None or r["ttft_s"] > self.ttft_s:
-            return False
-        return r.get("tpot_s") is None or r["tpot_s"] <= self.tpot_s
-
-
-@dataclass(frozen=True)
-class Level:
-    """A closed-loop level (`concurrency` workers, each sending its next request when its last
-    ends) or an open-loop one (Poisson arrivals at `rate` requests per second)."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.rate:g}/s" if self.rate is not None else str(self.concurrency)
+__all__ = ["Level", "LoadOptions", "Setting", "Slo", "one_request", "run_load", "server_client"]
 
 
 @dataclass
@@ -130,22 +96,6 @@ class LoadOptions:
         if self.only is not None:
             return list(self.only)
         return [Setting(url, k, name) for name, url in self.urls.items() for k in self.ks]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One server and one `speculative.k` (None: none sent); `name` when several servers run."""
-
-    url: str
-    k: int | str | None
-    name: str = ""
-    api_key: str | None = None  # this setting's, if not the options' (a tenant of its own)
-
-    @property
-    def label(self) -> str:
-        if self.k is None:
-            return self.name or "server default"
-        return f"{self.name} k={self.k}" if self.name else f"k={self.k}"
 
 
 def one_request(client: httpx.Client, opts: LoadOptions, prompt: str, k) -> dict[str, Any]:
@@ -240,36 +190,6 @@ def _progress(
     return [*points, (end, float(tokens))]
 
 
-def _tokens_by(progress: list[tuple[float, float]], t: float) -> float:
-    """Completion tokens a request had received by time t."""
-    i = bisect.bisect_right([p for p, _ in progress], t)
-    return progress[i - 1][1] if i else 0.0
-
-
-def _steady(results: list[dict[str, Any]], concurrency: int) -> tuple[float, float] | None:
-    """(tokens, seconds) of a run in its steady state, every worker with a request in flight
-    (a worker sends its next request as soon as the last one ends): from the moment the first
-    `concurrency` requests all had their first token (the start-up, all their prefills at once,
-    is over) to the first request to end after the last one was sent (the tail begins). None
-    when the run had no such time (too few requests), a request failed, or they did not stream
-    (no times of tokens)."""
-    if len(results) < concurrency or any(r.get("progress") is None for r in results):
-        return None
-    by_sent = sorted(results, key=lambda r: r["sent"])
-    if any(r["first"] is None for r in by_sent[:concurrency]):
-        return None
-    a = max(r["first"] for r in by_sent[:concurrency])
-    b = min(r["end"] for r in results if r["end"] > by_sent[-1]["sent"])
-    if b <= a:
-        return None
-    tokens = sum(_tokens_by(r["progress"], b) - _tokens_by(r["progress"], a) for r in results)
-    return tokens, b - a
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
 def server_client(
     url: str, opts: LoadOptions, api: bool = True, api_key: str | None = None
 ) -> httpx.Client:
@@ -322,110 +242,6 @@ def _run(
     return results, wall
 
 
-def _level(
-    level: Level,
-    setting: Setting,
-    runs: list[tuple[list[dict[str, Any]], float]],
-    slo: Slo,
-    stream: bool,
-) -> dict:
-    """A level's statistics over its runs."""
-    results = [r for rs, _ in runs for r in rs]
-    ok = [r for r in results if "error" not in r]
-    lat = [r["latency_s"] for r in ok]
-    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
-    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
-    cont = [r["continuation_tps"] for r in ok if r["continuation_tps"] is not None]
-    wall = sum(w for _, w in runs)
-    steady = (
-        [None] if level.concurrency is None else [_steady(rs, level.concurrency) for rs, _ in runs]
-    )
-    if None in steady:
-        steady_tps, steady_by_round = None, None
-    else:
-        steady_tps = sum(n for n, _ in steady) / sum(t for _, t in steady)
-        steady_by_round = [n / t for n, t in steady]
-    met = [r for r in results if slo.met(r)] if stream else None
-    return {
-        "level": level.label,
-        "concurrency": level.concurrency,
-        "rate": level.rate,
-        "setting": setting.label,
-        "server": setting.name,
-        "k": setting.k,
-        "requests": len(results),
-        "errors": len(results) - len(ok),
-        "error_kinds": sorted({r["error"] for r in results if "error" in r}),
-        "throughput_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
-        "throughput_by_round": [
-            sum(r["tokens"] for r in rs if "error" not in r) / w for rs, w in runs
-        ],
-        "steady_tokens_per_s": steady_tps,
-        "steady_by_round": steady_by_round,
-        "latency_s": {"p50": _pct(lat, 50), "p90": _pct(lat, 90), "p99": _pct(lat, 99)},
-        "ttft_s": {"p50": _pct(ttft, 50), "p90": _pct(ttft, 90), "p99": _pct(ttft, 99)},
-        "tpot_s": {"p50": _pct(tpot, 50), "p90": _pct(tpot, 90), "p99": _pct(tpot, 99)},
-        "continuation_tokens_per_s": {"p50": _pct(cont, 50), "p10": _pct(cont, 10)},
-        "slo_met": None if met is None else len(met) / len(results),
-        "goodput_requests_per_s": None if met is None else len(met) / wall,
-        "goodput_tokens_per_s": None if met is None else sum(r["tokens"] for r in met) / wall,
-        "wall_s": wall,
-    }
-
-
-def slo_breaks(levels: list[dict], slo: Slo) -> list[dict]:
-    """Per setting of an open-loop run: the highest rate (of those run, in order) up to which
-    every level met the SLO's target share, and the first rate at which one did not (None:
-    held at every rate run)."""
-    out = []
-    for setting in dict.fromkeys(lv["setting"] for lv in levels):
-        held = breaks = None
-        for lv in sorted((x for x in levels if x["setting"] == setting), key=lambda x: x["rate"]):
-            if lv["slo_met"] is not None and lv["slo_met"] >= slo.target:
-                held = lv["rate"]
-                continue
-            breaks = lv["rate"]
-            break
-        out.append({"setting": setting, "holds_up_to": held, "breaks_at": breaks})
-    return out
-
-
-def _over(xs: list[float], ys: list[float]) -> list[float]:
-    """Round by round, x / y."""
-    return [x / y for x, y in zip(xs, ys, strict=True)]
-
-
-def _ratios(levels: list[dict]) -> list[dict]:
-    """Each setting's throughput over the last setting's, level by level: pooled and by round."""
-    out = []
-    for c in dict.fromkeys(lv["level"] for lv in levels):
-        at = [lv for lv in levels if lv["level"] == c]
-        base = at[-1]
-        for lv in at[:-1]:
-            by_round = _over(lv["throughput_by_round"], base["throughput_by_round"])
-            pooled = lv["throughput_tokens_per_s"] / base["throughput_tokens_per_s"]
-            steady = steady_by_round = None
-            if lv["steady_tokens_per_s"] and base["steady_tokens_per_s"]:
-                steady = lv["steady_tokens_per_s"] / base["steady_tokens_per_s"]
-                steady_by_round = _over(lv["steady_by_round"], base["steady_by_round"])
-            goodput = None
-            if lv["goodput_tokens_per_s"] is not None and base["goodput_tokens_per_s"]:
-                goodput = lv["goodput_tokens_per_s"] / base["goodput_tokens_per_s"]
-            out.append(
-                {
-                    "level": c,
-                    "setting": lv["setting"],
-                    "vs": base["setting"],
-                    "pooled": pooled,
-                    "by_round": by_round,
-                    "steady": steady,
-                    "steady_by_round": steady_by_round,
-                    "goodput": goodput,
-                }
-            )
-    return out
-
-
 def _plots(levels: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -464,10 +280,6 @@ def _plots(levels: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-def _fmt(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def _table(opts: LoadOptions, levels: list[dict], ratios: list[dict]) -> list[str]:
     """The report's lines: a row per level and setting, the ratios to the baseline, and for an
     open loop where the SLO breaks."""
@@ -482,12 +294,12 @@ def _table(opts: LoadOptions, levels: list[dict], ratios: list[dict]) -> list[st
         met = "-" if lv["slo_met"] is None else f"{100 * lv['slo_met']:.0f}%"
         lines.append(
             f"{lv['level']:>6} {lv['setting']:>{width}} "
-            f"{lv['throughput_tokens_per_s']:8.2f} {_fmt(lv['steady_tokens_per_s']):>8} "
-            f"{_fmt(lv['latency_s']['p50']):>7} "
-            f"{_fmt(lv['latency_s']['p90']):>7} {_fmt(lv['latency_s']['p99']):>7} "
-            f"{_fmt(lv['ttft_s']['p50']):>8} {_fmt(lv['ttft_s']['p90']):>8} "
-            f"{_fmt(lv['tpot_s']['p50'], '.3f'):>8} {met:>7} "
-            f"{_fmt(lv['goodput_requests_per_s'], '.3f'):>7} {lv['errors']:>6}"
+            f"{lv['throughput_tokens_per_s']:8.2f} {fmt(lv['steady_tokens_per_s']):>8} "
+            f"{fmt(lv['latency_s']['p50']):>7} "
+            f"{fmt(lv['latency_s']['p90']):>7} {fmt(lv['latency_s']['p99']):>7} "
+            f"{fmt(lv['ttft_s']['p50']):>8} {fmt(lv['ttft_s']['p90']):>8} "
+            f"{fmt(lv['tpot_s']['p50'], '.3f'):>8} {met:>7} "
+            f"{fmt(lv['goodput_requests_per_s'], '.3f'):>7} {lv['errors']:>6}"
         )
     if opts.stream:
         lines += [
@@ -559,12 +371,12 @@ def run_load(opts: LoadOptions, stream=None, json_line: bool = True) -> list[dic
                         log.write(json.dumps(row, separators=(",", ":")) + "\n")
                     log.flush()
                     bar.update(1)
-    levels = [_level(lv, x, rs, opts.slo, opts.stream) for (lv, x), rs in runs.items()]
+    levels = [level_stats(lv, x, rs, opts.slo, opts.stream) for (lv, x), rs in runs.items()]
     for lv, key in zip(levels, runs, strict=True):  # the counts of all its runs together
         c = counted.get(key) or [None]
         total = None if None in c else functools.reduce(lambda a, b: a.plus(b), c)
         lv["speculation"] = total.figures() if total is not None and total.drafts else None
-    ratios = _ratios(levels)
+    ratios = throughput_ratios(levels)
     table = "\n".join(_table(opts, levels, ratios))
     result = {
         "command": "specwise " + " ".join(sys.argv[1:]),
@@ -592,257 +404,3 @@ def run_load(opts: LoadOptions, stream=None, json_line: bool = True) -> list[dic
     if json_line:
         print(json.dumps(result, separators=(",", ":")), file=stream)
     return levels
-
-
-def _health(client: httpx.Client) -> dict[str, float]:
-    """The numbers the server's /health reports now (none where it has no /health)."""
-    try:
-        r = client.get("/health")
-        body = r.json() if r.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        body = {}
-    return {
-        key: v for key, v in body.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-
-
-def soak_table(samples: list[dict]) -> list[str]:
-    """A markdown table of a soak's samples: time, requests so far, and /health's numbers."""
-    fields = list(dict.fromkeys(key for s in samples for key in s["health"]))
-    out = [
-        "| minutes | answered | failed | " + " | ".join(fields) + " |",
-        "|---" * (3 + len(fields)) + "|",
-    ]
-    for s in samples:
-        values = [_fmt(s["health"].get(key), "g") for key in fields]
-        out.append(
-            f"| {s['seconds'] / 60:.1f} | {s['answered']} | {s['failed']} | "
-            + " | ".join(values)
-            + " |"
-        )
-    return out
-
-
-ALONE_PROMPTS = 12  # prompts whose soak answers are checked against the prompt alone
-RETRY_AFTER_S = 1.0  # a soak worker's wait after a 429 (specwise's Retry-After)
-# a fault that must be answered waits this many times the longest of the load's RECENT latencies
-PATIENCE_FACTOR, RECENT = 1.5, 32
-
-
-def run_soak(
-    opts: LoadOptions,
-    seconds: float,
-    every: float,
-    stream=None,
-    fault_every: float | None = None,
-    alone: bool = False,
-) -> dict:
-    """Load without pause for `seconds`: `opts.concurrency[0]` workers each send the next
-    prompt (wrapping round) as soon as their last request ends, with the first setting (the
-    first server, `opts.ks[0]`).
-    Every `every` seconds, and once more when the last request has ended, a sample: the time,
-    the requests answered and failed so far, and the numbers the server's /health reports
-    (a specwise server: its resident memory, the sequences holding cache, the size of the
-    suffix drafter's memory).
-    fault_every: also one fault of `bench.faults` (picked at random, seeded) every so many
-    seconds, beside the load; one that must be answered waits PATIENCE_FACTOR x the longest
-    latency of the load's last RECENT requests (at least `faults.REQUEST_S`), since it queues
-    behind them; so the first fault waits until as many answers as workers have come (the
-    first answers of a server with fewer slots than workers never queued, and a patience
-    scaled from them alone timed the first faults out). alone: once the soak is over, run
-    each of the first ALONE_PROMPTS prompts alone (the server idle) and compare the soak's greedy answers to
-    them with it (`alone_check`, `near_ties`; answers carry their log-probabilities).
-    Returns the soak's result: the samples, the faults' outcomes, and `checks`, each criterion
-    with what was measured and whether it passed: no 5xx, every fault taken as required,
-    nothing left running or holding cache once idle, resident memory grown < 5% after the
-    first quarter, greedy answers as alone but at near-ties. Requests go to requests.jsonl,
-    the result to soak.json and soak.md."""
-    import random
-
-    from tqdm import tqdm
-
-    from specwise.bench.faults import FAULTS, REQUEST_S, run_faults
-
-    stream = stream or sys.stdout
-    opts.out.mkdir(parents=True, exist_ok=True)
-    opts.logprobs = opts.logprobs or alone
-    workers, setting = opts.concurrency[0], opts.settings()[0]
-    picks = itertools.count()
-    counts = {"answered": 0, "failed": 0}
-    lock = threading.Lock()
-    errors: dict[str, int] = {}
-    checks: list[dict] = []
-    faults: list[dict] = []
-    answers: dict[int, list[list[dict]]] = {}  # prompt -> its greedy answers' entries
-    recent: collections.deque[float] = collections.deque(maxlen=RECENT)  # latencies, seconds
-    t0 = time.perf_counter()
-    done = threading.Event()
-
-    def work(client: httpx.Client, log) -> None:
-        while time.perf_counter() - t0 < seconds:
-            p = next(picks) % len(opts.prompts)
-            r = one_request(client, opts, opts.prompts[p], setting.k)
-            r.pop("progress", None)
-            got = r.pop("logprobs", None)
-            with lock:
-                counts["failed" if "error" in r else "answered"] += 1
-                if "error" not in r:
-                    recent.append(r["latency_s"])
-                if "error" in r:
-                    errors[r["error"]] = errors.get(r["error"], 0) + 1
-                elif alone and p < ALONE_PROMPTS and got is not None:
-                    answers.setdefault(p, []).append(got)
-                row = {"prompt": p, "k": setting.k, **r}
-                log.write(json.dumps(row, separators=(",", ":")) + "\n")
-                log.flush()
-            if r.get("error") == "HTTP 429":  # the server is full: retry after a while, as told
-                time.sleep(RETRY_AFTER_S)
-
-    def inject() -> None:
-        rng = random.Random(opts.seed)
-        n = 1
-        while counts["answered"] < workers and not counts["failed"] and not done.wait(0.5):
-            pass  # no fault before an answer that queued (see the docstring)
-        while not done.wait(max(0.0, t0 + n * fault_every - time.perf_counter())):
-            with lock:  # a fault's request waits in the same queue as the load's requests
-                patience = max(REQUEST_S, PATIENCE_FACTOR * max(recent, default=0.0))
-            name = rng.choice(list(FAULTS))
-            out = run_faults(setting.url, opts.api_key, [name], rng, patience_s=patience)[0]
-            with lock:
-                faults.append({"at_s": time.perf_counter() - t0, "patience_s": patience, **out})
-            n = max(n + 1, math.ceil((time.perf_counter() - t0) / fault_every))
-
-    samples: list[dict] = []
-
-    def sample(root: httpx.Client) -> None:
-        with lock:
-            row = {"seconds": time.perf_counter() - t0, **counts, "faults": len(faults)}
-        samples.append({**row, "health": _health(root)})
-
-    with (
-        server_client(setting.url, opts) as client,
-        server_client(setting.url, opts, api=False) as root,
-        (opts.out / "requests.jsonl").open("w") as log,
-        ThreadPoolExecutor(workers + 1) as pool,
-        tqdm(total=round(seconds), desc="soak", unit="s", file=sys.stderr) as bar,
-    ):
-        futures = [pool.submit(work, client, log) for _ in range(workers)]
-        injector = pool.submit(inject) if fault_every else None
-        sample(root)
-        while not all(f.done() for f in futures):
-            wait(futures, max(0.0, samples[-1]["seconds"] + every - (time.perf_counter() - t0)))
-            sample(root)
-            bar.n = min(round(samples[-1]["seconds"]), bar.total)
-            bar.set_postfix_str(
-                f"{counts['answered']} answered, {counts['failed']} failed, {len(faults)} faults"
-            )
-        done.set()
-        for f in [*futures, *([injector] if injector else [])]:
-            f.result()
-        if fault_every:  # the last fault may have left work behind: a sample once idle
-            _settle(root)
-            sample(root)
-        for p in tqdm(sorted(answers), desc="alone", unit="prompt", file=sys.stderr):
-            ref = one_request(client, opts, opts.prompts[p], setting.k)  # on an idle server
-            if "error" not in ref:
-                checks += [alone_check(ref["logprobs"], got) for got in answers[p]]
-    result = {
-        "command": "specwise " + " ".join(sys.argv[1:]),
-        "url": setting.url,
-        "concurrency": workers,
-        "k": setting.k,
-        "seconds": seconds,
-        "samples": samples,
-        "errors": errors,
-        "faults": faults,
-        "alone": near_ties(checks, NEAR_TIE_FACTOR) if alone else None,
-    }
-    result["checks"] = soak_checks(result)
-    lines = [*soak_table(samples), "", *soak_verdict(result)]
-    (opts.out / "soak.json").write_text(json.dumps(result, indent=1))
-    (opts.out / "soak.md").write_text(
-        f"# specwise soak\n\nCommand: `{result['command']}`\n\n" + "\n".join(lines) + "\n"
-    )
-    print("\n".join(lines), file=stream)
-    print(f"\nreport: {opts.out / 'soak.md'}", file=stream)
-    return result
-
-
-def _settle(root: httpx.Client, timeout_s: float = 15.0) -> None:
-    """Wait (up to timeout_s) until /health says nothing is running, prefilling or queued."""
-    end = time.perf_counter() + timeout_s
-    while time.perf_counter() < end:
-        h = _health(root)
-        if not any(h.get(key) for key in ("running", "prefilling", "queued")):
-            return
-        time.sleep(0.2)
-
-
-def soak_checks(result: dict) -> list[dict]:
-    """Each criterion of a soak, what was measured and whether it passed (module docstring of
-    `run_soak`); a criterion the server or the run gave nothing to judge by is left out."""
-    out = []
-
-    def check(name: str, measured: str, ok: bool) -> None:
-        out.append({"check": name, "measured": measured, "ok": ok})
-
-    five = {e: n for e, n in result["errors"].items() if e.startswith("HTTP 5")}
-    five_faults = [f for f in result["faults"] if (f.get("status") or 0) >= 500]
-    check(
-        "no 5xx",
-        f"{sum(five.values())} requests and {len(five_faults)} faults answered 5xx",
-        not five and not five_faults,
-    )
-    lost = {e: n for e, n in result["errors"].items() if e != "HTTP 429" and e not in five}
-    check(
-        "every request of the load answered (429s aside: the queue was full)",
-        f"{sum(lost.values())} not answered"
-        + (f" ({', '.join(f'{n} {e}' for e, n in lost.items())})" if lost else ""),
-        not lost,
-    )
-    if result["faults"]:
-        bad = [f"{f['fault']}: {f['detail']}" for f in result["faults"] if not f["ok"]]
-        check(
-            "every fault taken as required",
-            f"{len(result['faults']) - len(bad)} of {len(result['faults'])}"
-            + (f" (not: {'; '.join(bad[:3])})" if bad else ""),
-            not bad,
-        )
-    last = result["samples"][-1]["health"]
-    check("the server answers /health at the end", "yes" if last else "no", bool(last))
-    idle = {
-        key: last[key] for key in ("running", "prefilling", "queued", "sequences") if key in last
-    }
-    if idle:
-        measured = ", ".join(f"{key} {v:g}" for key, v in idle.items())
-        check("nothing left running or holding cache", measured, not any(idle.values()))
-    rss = [
-        (s["seconds"], s["health"]["rss_mb"]) for s in result["samples"] if "rss_mb" in s["health"]
-    ]
-    after = [mb for t, mb in rss if t >= result["seconds"] / 4]
-    if len(after) >= 2:
-        growth = after[-1] / after[0] - 1
-        check(
-            "resident memory grows < 5% after the first quarter",
-            f"{100 * growth:+.1f}%",
-            growth < 0.05,
-        )
-    if result["alone"] is not None:
-        a = result["alone"]
-        check(
-            "greedy answers as alone, or parted at near-ties",
-            f"{a['matched']} of {a['answers']} as alone; {a['diverged']} parted, "
-            f"{a['at_near_ties']} at near-ties (top-2 gap <= {a['factor']:g} x noise "
-            f"{a['noise']:.3g})",
-            a["answers"] > 0 and a["at_near_ties"] == a["diverged"],
-        )
-    return out
-
-
-def soak_verdict(result: dict) -> list[str]:
-    """The soak's checks for people, one line each, and the overall verdict."""
-    lines = [
-        f"{'PASS' if c['ok'] else 'FAIL'}  {c['check']}: {c['measured']}" for c in result["checks"]
-    ]
-    ok = all(c["ok"] for c in result["checks"])
-    return [*lines, f"soak: {'passed' if ok else 'FAILED'}"]

@@ -2,7 +2,7 @@
 (`alone_check`), both as the OpenAI API's log-probability entries, and whether every answer
 that parted from its answer alone did so at a near-tie (`near_ties`), as `bench.runner` judges
 its own divergences (`NEAR_TIE_FACTOR`, the bench's one measure of near). A soak
-(`bench.load.run_soak`) and a fault (`bench.faults.unknown_fields`) judge their answers by it.
+(`bench.soak.run_soak`) and a fault (`bench.faults.unknown_fields`) judge their answers by it.
 Arithmetic on entries only: it sends no request.
 """
 

@@ -3,7 +3,7 @@ llama-server side by side on the same files and prompts) and `bench load` (any O
 server: levels, an open loop, or a soak), their flags and checks, and the servers `--url` names
 (`_servers`).
 
-It sends no request itself: `bench.engines` and `bench.load` do.
+It sends no request itself: `bench.engines`, `bench.load` and `bench.soak` do.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def _bench_engines(a: argparse.Namespace) -> int:
 def _bench_load(a: argparse.Namespace) -> int:
     import os
 
-    from specwise.bench.load import LoadOptions, Slo, run_load, run_soak
+    from specwise.bench.load import LoadOptions, Slo, run_load
     from specwise.bench.session import default_out
+    from specwise.bench.soak import run_soak
     from specwise.bench.workloads import builtin, interleaved, load_jsonl
 
     if a.requests < 1:
