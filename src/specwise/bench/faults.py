@@ -19,10 +19,14 @@ cancellations (specwise's /metrics). The faults size themselves by the limits /h
 none. Every fault ends within a few seconds (plus, for the few that need an answer, the time
 the server takes to generate a few tokens), whatever the server does.
 
-What this is not: a load generator (`bench.load`; a soak, `bench.soak`, runs these faults beside its load), a
-benchmark, a check that answers are right (tests/test_resilience.py compares greedy answers with
-the same requests run alone), or a leak check (the caller reads /health's `sequences` and
-`rss_mb` once the server is idle).
+How a fault talks to the server and judges what it answers (the error format, the limits and
+health /health reports, the cancellations /metrics counts, raw connections) is
+`bench.fault_client`'s; this module holds the faults themselves and runs them.
+
+What this is not: a load generator (`bench.load`; a soak, `bench.soak`, runs these faults
+beside its load), a benchmark, a check that answers are right (tests/test_resilience.py
+compares greedy answers with the same requests run alone), or a leak check (the caller reads
+/health's `sequences` and `rss_mb` once the server is idle).
 """
 
 from __future__ import annotations
@@ -30,228 +34,46 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from specwise.bench.fault_client import (
+    CANCEL_S,
+    CHAT,
+    COMPLETIONS,
+    REQUEST_S,
+    Bad,
+    answer_body,
+    cancel_problem,
+    cancelled,
+    chat_body,
+    connect,
+    error_problem,
+    events,
+    healthy,
+    limits,
+    patience,
+    raw_head,
+    read_answer,
+    refusal_problem,
+    refusals,
+    served,
+)
 from specwise.bench.ties import NEAR_TIE_FACTOR, alone_check, near_ties
 
-__all__ = ["FAULTS", "client_for", "error_problem", "limits", "run_faults"]
+__all__ = ["FAULTS", "REQUEST_S", "client_for", "error_problem", "limits", "run_faults"]
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-# where /health reports no limits (not specwise): sizes that exceed any usual server's
-DEFAULT_LIMITS = {
-    "context_length": 32768,
-    "max_batch": 16,
-    "max_queue": 64,
-    "max_body_bytes": 4 << 20,
-}
-REQUEST_S = 15.0  # the longest a request that must be answered may take (default patience)
-CANCEL_S = 3.0  # the longest a left request may take to be cancelled
 GIVE_UP_S = 0.5  # how long a client that gives up waits for its answer
 SLOW_S = 2.5  # how long a slow client crawls before it gives up
 BURST_S = 10.0  # the longest a burst's requests wait for each other
 TICK_S = 0.02  # a slow client's pace: one byte per connection per tick
-
-
-# -- what the server should answer --------------------------------------------------------------
-def error_problem(body: Any) -> str | None:
-    """What is wrong with an error response's body, or None where it is OpenAI's format:
-    {"error": {"message": non-empty str, "type": str, "param": str | None, "code": str |
-    None}}."""
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict):
-        return f"the body is not {{'error': {{...}}}}: {str(body)[:120]!r}"
-    missing = [key for key in ("message", "type", "param", "code") if key not in err]
-    if missing:
-        return f"the error lacks {', '.join(missing)}: {err!r:.160}"
-    if not isinstance(err["message"], str) or not err["message"]:
-        return f"the error's message is empty or not a string: {err['message']!r:.80}"
-    if not isinstance(err["type"], str):
-        return f"the error's type is not a string: {err['type']!r:.80}"
-    if not all(err[key] is None or isinstance(err[key], str) for key in ("param", "code")):
-        return f"the error's param or code is neither a string nor null: {err!r:.160}"
-    return None
-
-
-def _body(r: httpx.Response) -> Any:
-    try:
-        return r.json()
-    except ValueError:
-        return r.text[:200]
-
-
-def refusal_problem(r: httpx.Response, status: int, param: str | None) -> str | None:
-    """What is wrong with an answer that should be `status` (a 4xx) in OpenAI's error format
-    naming `param`, or None."""
-    body = _body(r)
-    if r.status_code != status:
-        return f"got {r.status_code}, not {status}: {str(body)[:160]}"
-    problem = error_problem(body)
-    if problem is not None:
-        return problem
-    if body["error"]["param"] != param:
-        return f"the error's param is {body['error']['param']!r}, not {param!r}"
-    return None
-
-
-@dataclass(frozen=True)
-class Bad:
-    """A bad request and the refusal it should get: `body` is sent as is (bytes) or as JSON."""
-
-    path: str
-    body: bytes | dict[str, Any]
-    param: str | None = None
-    status: int = 400
-
-
-def _send(client: httpx.Client, bad: Bad) -> httpx.Response:
-    if isinstance(bad.body, bytes):
-        headers = {"content-type": "application/json"}
-        return client.post(bad.path, content=bad.body, headers=headers)
-    return client.post(bad.path, json=bad.body)
-
-
-def _refusals(client: httpx.Client, cases: Sequence[Bad]) -> tuple[int | None, list[str], str]:
-    """Send every case; a problem for each answer that is not its refusal."""
-    problems, status = [], None
-    for i, bad in enumerate(cases):
-        r = _send(client, bad)
-        problem = refusal_problem(r, bad.status, bad.param)
-        if problem is not None:
-            status = r.status_code if not problems else status
-            problems.append(f"case {i} ({bad.path}): {problem}")
-        elif not problems:
-            status = r.status_code
-    return status, problems, f"{len(cases)} bad requests, each refused as required"
-
-
-# -- the server's state, as a client sees it ----------------------------------------------------
-def limits(client: httpx.Client) -> dict[str, int]:
-    """The limits the server's /health reports (specwise: "limits"), the defaults for the rest."""
-    try:
-        reported = client.get("/health").json().get("limits", {})
-    except (httpx.HTTPError, ValueError, AttributeError):
-        reported = {}
-    return {key: int(reported.get(key, v)) for key, v in DEFAULT_LIMITS.items()}
-
-
-def _healthy(client: httpx.Client) -> str | None:
-    """None if /health answers 200, else the problem."""
-    try:
-        r = client.get("/health")
-    except httpx.HTTPError as exc:
-        return f"/health did not answer: {type(exc).__name__}: {exc}"
-    return None if r.status_code == 200 else f"/health answered {r.status_code}"
-
-
-def _cancelled(client: httpx.Client) -> float | None:
-    """Requests the server has cancelled so far (specwise's /metrics), None where it has no such
-    count."""
-    try:
-        r = client.get("/metrics")
-    except httpx.HTTPError:
-        return None
-    if r.status_code != 200 or "specwise_requests" not in r.text:
-        return None
-    found = re.search(r'^specwise_requests_total\{status="cancelled"\} (\S+)$', r.text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def _cancel_problem(client: httpx.Client, before: float | None) -> str | None:
-    """None once the server's count of cancelled requests has risen past `before` (or where it
-    keeps none), else the problem after CANCEL_S."""
-    deadline = time.monotonic() + CANCEL_S
-    while before is not None:
-        now = _cancelled(client)
-        if now is None or now > before:
-            return None
-        if time.monotonic() > deadline:
-            return f"the request whose client left was not cancelled within {CANCEL_S:g} s"
-        time.sleep(0.05)
-    return None
-
-
-def _served(
-    client: httpx.Client, path: str, body: dict, stream: bool = False, timeout: Any = None
-) -> httpx.Response:
-    """Send a request the server should serve, waiting out 429s (a queue kept full by other
-    load) for up to the client's patience. With `stream` the response is open: the caller
-    closes it. timeout: this request's, if not the client's."""
-    deadline = time.monotonic() + patience(client)
-    timeout = client.timeout if timeout is None else timeout
-    while True:
-        request = client.build_request("POST", path, json=body, timeout=timeout)
-        r = client.send(request, stream=stream)
-        if r.status_code != 429 or time.monotonic() > deadline:
-            return r
-        r.close()
-        time.sleep(0.25)
-
-
-def _connect(client: httpx.Client, timeout: float | None = None) -> socket.socket:
-    """A raw connection to the server, for what httpx does not do (crawl, leave a body open);
-    timeout: its sockets', if not the client's patience."""
-    url = client.base_url
-    timeout = patience(client) if timeout is None else timeout
-    return socket.create_connection((url.host, url.port or 80), timeout=timeout)
-
-
-def patience(client: httpx.Client) -> float:
-    """How long a request that must be answered may take: the client's read timeout."""
-    return client.timeout.read or REQUEST_S
-
-
-def _head(client: httpx.Client, length: int | None) -> bytes:
-    """The head of a raw POST to /v1/completions: its body `length` bytes, or chunked (None)."""
-    auth = client.headers.get("authorization")
-    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
-    return (
-        f"POST {COMPLETIONS} HTTP/1.1\r\nHost: {client.base_url.host}\r\n"
-        "Content-Type: application/json\r\n"
-        + (f"Authorization: {auth}\r\n" if auth else "")
-        + framing
-        + "\r\n\r\n"
-    ).encode()
-
-
-def _answer(sock: socket.socket) -> httpx.Response:
-    """The answer (status and a Content-Length-framed body) read from a raw connection."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        more = sock.recv(1 << 16)
-        if not more:
-            raise ConnectionError("the server closed the connection without an answer")
-        data += more
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = dict(line.lower().split(":", 1) for line in lines[1:] if ":" in line)
-    length = int(fields.get("content-length", "0"))
-    while len(body) < length and (more := sock.recv(1 << 16)):
-        body += more
-    return httpx.Response(int(lines[0].split()[1]), content=body[:length])
-
-
-def _chat(prompt: str, **fields: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": prompt}], "temperature": 0, **fields}
-
-
 LONG_ANSWER = "Count from 1 to 1000, one number per line."  # a long answer (a chat's)
 COUNTING = ", ".join(map(str, range(1, 21))) + ","  # continued for as long as it may go
-
-
-def _events(r: httpx.Response) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a server-sent event stream, as they come."""
-    for line in r.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[len("data: ") :])
 
 
 # -- the catalogue --------------------------------------------------------------------------------
@@ -270,7 +92,7 @@ def _fault(fn: Callable[[httpx.Client, random.Random], tuple[int | None, list[st
             status, problems, note = fn(client, rng)
         except (httpx.HTTPError, OSError, ValueError) as exc:
             status, problems, note = None, [f"{type(exc).__name__}: {exc}"], ""
-        if not problems and (problem := _healthy(client)) is not None:
+        if not problems and (problem := healthy(client)) is not None:
             problems = [f"after the fault, {problem}"]
         return {
             "fault": name,
@@ -289,20 +111,20 @@ def _fault(fn: Callable[[httpx.Client, random.Random], tuple[int | None, list[st
 def disconnect_mid_stream(client: httpx.Client, rng: random.Random):
     """Open a streamed chat answer, read a chunk or three, hang up: it is cancelled."""
     cap = limits(client)["context_length"]
-    before = _cancelled(client)
+    before = cancelled(client)
     read, ended = rng.randint(1, 3), False
-    body = _chat(LONG_ANSWER, stream=True, max_tokens=cap)
-    with contextlib.closing(_served(client, CHAT, body, stream=True)) as r:
+    body = chat_body(LONG_ANSWER, stream=True, max_tokens=cap)
+    with contextlib.closing(served(client, CHAT, body, stream=True)) as r:
         if r.status_code != 200:
             r.read()
-            return r.status_code, [f"the stream was refused: {_body(r)!s:.160}"], ""
-        for i, event in enumerate(_events(r)):
+            return r.status_code, [f"the stream was refused: {answer_body(r)!s:.160}"], ""
+        for i, event in enumerate(events(r)):
             ended = any(c.get("finish_reason") for c in event.get("choices", []))
             if i + 1 >= read or ended:
                 break
     if ended:
         return 200, [], f"the answer ended within {read} chunks, before the hang-up"
-    problem = _cancel_problem(client, before)
+    problem = cancel_problem(client, before)
     return 200, [problem] if problem else [], f"hung up after {read} chunks; cancelled"
 
 
@@ -311,17 +133,17 @@ def abandoned_request(client: httpx.Client, rng: random.Random):
     """Ask for an answer as long as the context without streaming, and give up waiting: it is
     cancelled."""
     cap = limits(client)["context_length"]
-    before = _cancelled(client)
+    before = cancelled(client)
     body = {"prompt": COUNTING, "max_tokens": cap, "temperature": 0}
     try:
-        r = _served(
+        r = served(
             client, COMPLETIONS, body, timeout=httpx.Timeout(patience(client), read=GIVE_UP_S)
         )
     except httpx.ReadTimeout:
-        problem = _cancel_problem(client, before)
+        problem = cancel_problem(client, before)
         return None, [problem] if problem else [], f"gave up after {GIVE_UP_S:g} s; cancelled"
     if r.status_code != 200:
-        return r.status_code, [f"got {r.status_code}: {_body(r)!s:.160}"], ""
+        return r.status_code, [f"got {r.status_code}: {answer_body(r)!s:.160}"], ""
     return 200, [], f"answered within {GIVE_UP_S:g} s, before the client gave up"
 
 
@@ -343,7 +165,7 @@ def malformed_json(client: httpx.Client, rng: random.Random):
         b"null",
     ]
     paths = [CHAT, COMPLETIONS]
-    return _refusals(client, [Bad(rng.choice(paths), c) for c in cases])
+    return refusals(client, [Bad(rng.choice(paths), c) for c in cases])
 
 
 @_fault
@@ -366,12 +188,12 @@ def oversized_body(client: httpx.Client, rng: random.Random):
     chunked = client.post(COMPLETIONS, content=chunks())
     if (problem := refusal_problem(chunked, 413, None)) is not None:
         problems.append(f"chunked: {problem}")
-    with contextlib.closing(_connect(client, timeout=CANCEL_S)) as sock:
-        sock.sendall(_head(client, None))
+    with contextlib.closing(connect(client, timeout=CANCEL_S)) as sock:
+        sock.sendall(raw_head(client, None))
         for part in chunks():
             sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))  # and never the last chunk
         try:
-            endless = _answer(sock)
+            endless = read_answer(sock)
         except TimeoutError:
             endless = None
             problems.append(f"a body past the limit that never ends: no answer in {CANCEL_S:g} s")
@@ -405,7 +227,7 @@ def wrong_types(client: httpx.Client, rng: random.Random):
     ]
     cases = [Bad(CHAT, b, p) for b, p in chat] + [Bad(COMPLETIONS, b, p) for b, p in completions]
     rng.shuffle(cases)
-    return _refusals(client, cases)
+    return refusals(client, cases)
 
 
 @_fault
@@ -423,7 +245,7 @@ def invalid_utf8(client: httpx.Client, rng: random.Random):
         messages = b'[{"role": "user", "content": "' + text + b'"}]'
         cases.append(Bad(COMPLETIONS, prompt, prompt_param))
         cases.append(Bad(CHAT, b'{"max_tokens": 4, "messages": ' + messages + b"}", messages_param))
-    return _refusals(client, cases)
+    return refusals(client, cases)
 
 
 @_fault
@@ -434,24 +256,24 @@ def huge_max_tokens(client: httpx.Client, rng: random.Random):
         Bad(COMPLETIONS, {"prompt": "hi", "max_tokens": 2**64}, "max_tokens"),
         Bad(COMPLETIONS, {"prompt": "hi", "max_tokens": 1e300}, "max_tokens"),
         Bad(COMPLETIONS, {"prompt": "hi", "max_tokens": -(2**70)}, "max_tokens"),
-        Bad(CHAT, _chat("hi", max_completion_tokens=10**30), "max_completion_tokens"),
+        Bad(CHAT, chat_body("hi", max_completion_tokens=10**30), "max_completion_tokens"),
     ]
-    status, problems, _ = _refusals(client, cases)
-    before = _cancelled(client)
-    body = _chat(LONG_ANSWER, stream=True, max_tokens=1 << 20)  # cut at the context's end
-    with contextlib.closing(_served(client, CHAT, body, stream=True)) as r:
+    status, problems, _ = refusals(client, cases)
+    before = cancelled(client)
+    body = chat_body(LONG_ANSWER, stream=True, max_tokens=1 << 20)  # cut at the context's end
+    with contextlib.closing(served(client, CHAT, body, stream=True)) as r:
         status = status if problems else r.status_code
         if r.status_code == 200:
-            first = next(_events(r), None)
+            first = next(events(r), None)
             if first is None or "error" in first:
                 problems.append(f"a stream with max_tokens 2**20 began with {first!r:.160}")
         elif 400 <= r.status_code < 500:
             r.read()
-            if (problem := error_problem(_body(r))) is not None:
+            if (problem := error_problem(answer_body(r))) is not None:
                 problems.append(f"max_tokens 2**20 refused badly: {problem}")
         else:
             problems.append(f"max_tokens 2**20 got {r.status_code}")
-    if r.status_code == 200 and not problems and (problem := _cancel_problem(client, before)):
+    if r.status_code == 200 and not problems and (problem := cancel_problem(client, before)):
         problems.append(problem)
     return status, problems, f"{len(cases)} refused; max_tokens 2**20 answered {r.status_code}"
 
@@ -464,10 +286,10 @@ def prompt_over_context(client: httpx.Client, rng: random.Random):
     prompt = "word " * words
     cases = [
         Bad(COMPLETIONS, {"prompt": prompt, "max_tokens": 4}, "prompt"),
-        Bad(CHAT, _chat(prompt, max_tokens=4, stream=True), "messages"),
+        Bad(CHAT, chat_body(prompt, max_tokens=4, stream=True), "messages"),
     ]
     rng.shuffle(cases)
-    status, problems, _ = _refusals(client, cases)
+    status, problems, _ = refusals(client, cases)
     return status, problems, f"{words} words refused, plain and streamed"
 
 
@@ -476,10 +298,10 @@ def n_above_one(client: httpx.Client, rng: random.Random):
     """More than one choice (n > 1, or n = 0): 400 naming n."""
     cases = [
         Bad(COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "n": rng.randint(2, 8)}, "n"),
-        Bad(CHAT, _chat("hi", max_tokens=4, n=rng.randint(2, 8), stream=True), "n"),
-        Bad(CHAT, _chat("hi", max_tokens=4, n=0), "n"),
+        Bad(CHAT, chat_body("hi", max_tokens=4, n=rng.randint(2, 8), stream=True), "n"),
+        Bad(CHAT, chat_body("hi", max_tokens=4, n=0), "n"),
     ]
-    return _refusals(client, cases)
+    return refusals(client, cases)
 
 
 @_fault
@@ -490,13 +312,13 @@ def unknown_fields(client: httpx.Client, rng: random.Random):
     parts from it only at a near-tie, judged by the two answers' log-probabilities as a soak
     judges its answers (`bench.ties.alone_check`)."""
     prompt = rng.choice(["Name three colours.", "Say hello in French.", "What is 2 + 2?"])
-    plain = _chat(prompt, max_tokens=8, logprobs=True, top_logprobs=2)
+    plain = chat_body(prompt, max_tokens=8, logprobs=True, top_logprobs=2)
     odd = {**plain, "frobnicate": {"deep": [1, {"x": None}]}, "x_trace": "abc"}
     odd["messages"] = [{**plain["messages"][0], "mood": "curious"}]
-    answers = [_served(client, CHAT, body) for body in (plain, odd)]
+    answers = [served(client, CHAT, body) for body in (plain, odd)]
     bad = [r for r in answers if r.status_code != 200]
     if bad:
-        return bad[0].status_code, [f"got {bad[0].status_code}: {_body(bad[0])!s:.160}"], ""
+        return bad[0].status_code, [f"got {bad[0].status_code}: {answer_body(bad[0])!s:.160}"], ""
     choices = [r.json()["choices"][0] for r in answers]
     texts = [c["message"]["content"] for c in choices]
     if texts[0] == texts[1]:
@@ -512,8 +334,8 @@ def slow_client(client: httpx.Client, rng: random.Random):
     """Slowloris: three connections send a request's headers and part of its body a byte at a
     time for a few seconds, then give up; meanwhile a normal request is answered."""
     body = json.dumps({"prompt": "hi", "max_tokens": 4}).encode()
-    payload = _head(client, len(body)) + body[: len(body) // 2]  # never the whole body
-    socks = [_connect(client, timeout=1.0) for _ in range(3)]
+    payload = raw_head(client, len(body)) + body[: len(body) // 2]  # never the whole body
+    socks = [connect(client, timeout=1.0) for _ in range(3)]
     stop = threading.Event()
 
     def crawl() -> None:
@@ -531,7 +353,7 @@ def slow_client(client: httpx.Client, rng: random.Random):
     crawler.start()
     try:
         time.sleep(SLOW_S / 3)
-        r = _served(client, COMPLETIONS, {"prompt": "hi", "max_tokens": 4})
+        r = served(client, COMPLETIONS, {"prompt": "hi", "max_tokens": 4})
         time.sleep(max(0.0, SLOW_S - SLOW_S / 3))
     finally:
         stop.set()
@@ -550,7 +372,7 @@ def burst(client: httpx.Client, rng: random.Random):
     lim = limits(client)
     n = lim["max_batch"] + lim["max_queue"] + rng.randint(4, 8)
     gate = threading.Barrier(n, timeout=BURST_S)
-    body = _chat(LONG_ANSWER, stream=True, max_tokens=256)
+    body = chat_body(LONG_ANSWER, stream=True, max_tokens=256)
     pool = httpx.Limits(max_connections=n, max_keepalive_connections=0)
 
     def one(crowd: httpx.Client) -> tuple[int | None, str | None]:
@@ -559,7 +381,7 @@ def burst(client: httpx.Client, rng: random.Random):
                 problem = None
                 if r.status_code != 200:
                     r.read()
-                    problem = error_problem(_body(r))
+                    problem = error_problem(answer_body(r))
                 with contextlib.suppress(threading.BrokenBarrierError):
                     gate.wait()  # every request is in before any leaves
                 return r.status_code, problem
