@@ -38,8 +38,8 @@ import httpx
 import numpy as np
 
 from specwise.backends.llama_cpp import default_threads
+from specwise.bench.figures import ratio_ci
 from specwise.bench.load import LoadOptions, Setting, run_load
-from specwise.bench.report import ratio_ci
 from specwise.engines import counters as engine_counters
 from specwise.engines import llama_server
 from specwise.engines.process import ServerProcess, free_port
