@@ -37,7 +37,8 @@ import numpy as np
 
 from specwise.backends import ik_api
 from specwise.backends.base import file_fingerprint, one_pass_each
-from specwise.backends.llama_cpp import LlamaCppLM, route_log
+from specwise.backends.llama_cpp import LlamaCppLM
+from specwise.backends.llama_lib import route_log
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
 
