@@ -15,6 +15,9 @@ One round (`Engine.step`) for every running request:
              tree), tell the drafter, and cut the emission at EOS, a stop string or max_tokens;
 5. record  — one RoundTrace per request (and a learner shown the target's hidden states).
 
+Step 1 is `proposer.Proposer`'s (who drafts and what, the batch's alignment); the engine runs
+the round around it and owns the requests: admitted, prefilled, stepped and finished.
+
 With k="auto" a `Controller` chooses the drafter and k for each request in each round (k = 0
 when plain decoding is expected to be faster) and learns from the outcome; otherwise k is fixed.
 
@@ -35,17 +38,17 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from specwise.backends.base import LM, new_sequence
-from specwise.controller import Batch, Controller, Offered, Plan
+from specwise.controller import Controller
 from specwise.detail import round_detail
 from specwise.detok import Detokenizer
 from specwise.drafters.base import Draft, Drafter
 from specwise.lossy import EXACT, check_rule, keep_rule, lossy_sample
+from specwise.proposer import CHEAP_MAX_K, Proposal, Proposer, drafter_call
 from specwise.request import GenerationResult, Request
 from specwise.sampling import LazyRows, Sampler, SamplingParams, token_logprobs
 from specwise.trace import JsonlSink, RoundTrace, summarize
@@ -57,28 +60,10 @@ from specwise.verify import (
     tree_sample_and_match,
 )
 
-__all__ = ["Engine", "Proposal", "check_acceptance"]
+__all__ = ["CHEAP_MAX_K", "Engine", "Proposal", "check_acceptance"]
 
 log = logging.getLogger(__name__)
 _ms = 1000.0
-CHEAP_MAX_K = 15  # longest draft asked of a cheap drafter (the cost curve is measured to 16)
-
-
-@dataclass
-class Proposal:
-    """What step 1 decided for one request in one round: who drafts (None: plain), the draft,
-    the controller's plan (k="auto"), what the cheap drafters offered, the drafter's catch-up
-    (`lag`, context tokens), and, filled in later in the round, the drafting time, the filler
-    fed after the draft (`padded`) and the tokens emitted."""
-
-    drafter: Drafter | None
-    draft: Draft
-    plan: Plan | None = None
-    offers: dict[str, Draft] = field(default_factory=dict)
-    lag: int = 0
-    ms: float = 0.0
-    padded: int = 0
-    emitted: int = 0
 
 
 def check_acceptance(acceptance: str, params: SamplingParams) -> None:
@@ -269,11 +254,11 @@ class Engine:
             # controller first picks them: a request that never uses one does not pay for it.
             # An inspected request begins every cheap drafter: a step may switch to any.
             k_req = self.k if req.k is None else req.k
-            allowed = self._allowed(req)
+            allowed = self._proposer.allowed(req)
             for d in self.drafters:
                 eager = d in allowed and k_req != 0 and (k_req != "auto" or d.cheap)
                 if (eager or (req.inspect and d.cheap)) and not req.done:
-                    self._drafter_call(req, d, d.begin, seq, prompt, tenant)
+                    drafter_call(req, d, d.begin, seq, prompt, tenant)
         except BaseException:
             self.target.release(seq)
             for d in self.drafters:
@@ -341,26 +326,6 @@ class Engine:
         finally:
             self.finish(req)
 
-    # -- the round ---------------------------------------------------------------------------
-    def _room(self, req: Request) -> int:
-        """The most draft tokens this round may hold: never past max_tokens or the context."""
-        room_out = req.params.max_tokens - len(req.tokens) - 1
-        room_ctx = self.target.context_length - len(req.context)
-        return max(0, min(room_out, room_ctx))
-
-    def _drafter_call(self, req: Request, d: Drafter, fn, *args):
-        """Call a drafter; if it fails, log it and go on without it for `req`."""
-        if d.name in req.drafter_errors:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:  # a drafter bug must not fail the request
-            req.drafter_errors[d.name] = f"{type(exc).__name__}: {exc}"
-            log.warning("drafter %s failed for %s, going on without it: %s", d.name, req.id, exc)
-            with contextlib.suppress(Exception):
-                d.end(req.seq)
-            return None
-
     def check_prompt(self, prompt: Sequence[int]) -> None:
         """Raise ValueError unless the prompt can be decoded: not empty, shorter than the
         target's context (room for one new token), every id in the vocabulary. `admit` checks
@@ -398,59 +363,11 @@ class Engine:
         elif k > 0 and not self.drafters:
             raise ValueError("speculative.k > 0 needs a drafter, and this engine has none")
 
-    def _auto(self, r: Request) -> bool:
-        return (self.k if r.k is None else r.k) == "auto"
-
-    def _allowed(self, r: Request) -> list[Drafter]:
-        return [d for d in self.drafters if r.only is None or d.name == r.only]
-
-    def _propose(self, r: Request, batch: Batch) -> Proposal:
-        """Step 1 for one request: who drafts, the draft, how many context tokens its drafter
-        caught up on first (`lag`: a catch-up is not mistaken for the cost of drafting), and
-        what the cheap drafters offered. A request whose drafter failed decodes plainly."""
-        room = self._room(r)
-        none = Proposal(None, Draft([], None))
-        k_req = self.k if r.k is None else r.k
-        allowed = self._allowed(r)
-        if r.drafter_errors:
-            return none
-        if k_req != "auto":
-            d = allowed[0] if allowed else None
-            k = min(int(k_req), room)
-            if d is None or k <= 0:
-                return none
-            lag = d.lag(r.seq, r.context)
-            draft = self._drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
-            return Proposal(d, draft or none.draft, lag=lag)
-        # Cheap drafters propose first; the controller then picks a drafter and length.
-        offers: dict[str, Draft] = {}
-        for d in allowed:
-            if d.cheap and room > 0:
-                got = self._drafter_call(
-                    r, d, d.propose, r.seq, r.context, min(room, CHEAP_MAX_K), r.params, r.sampler
-                )
-                offers[d.name] = got or none.draft
-        lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
-        confidences = {n: o.scores() for n, o in offers.items()}
-        plan = self.controller.plan(
-            r.id,
-            room,
-            batch,
-            confidences,
-            lags,
-            remaining=r.params.max_tokens - len(r.tokens),
-            only=r.only,
-            trees={n: o.parents for n, o in offers.items()},
-        )
-        d = plan.drafter
-        if d is None or r.drafter_errors:
-            return Proposal(None, none.draft, plan, offers=offers)
-        if d.cheap:
-            return Proposal(d, offers[d.name].prefix(plan.k_max), plan, offers=offers)
-        draft = self._drafter_call(
-            r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
-        )
-        return Proposal(d, draft or none.draft, plan, offers=offers, lag=lags[d.name])
+    # -- the round ---------------------------------------------------------------------------
+    @property
+    def _proposer(self) -> Proposer:
+        """Step 1 with this engine's target, drafters, k and controller."""
+        return Proposer(self.target, self.drafters, self.k, self.controller)
 
     def step(self, batch: Sequence[Request]) -> None:
         """One round for every unfinished request in `batch`. Atomic: if it raises, every
@@ -462,7 +379,7 @@ class Engine:
         rngs = [r.sampler.state() for r in live]
         try:
             t0 = time.perf_counter()
-            props, width, planned = self._propose_all(live)  # 1. propose
+            props, width, planned = self._proposer.propose_all(live)  # 1. propose
             t1 = time.perf_counter()
             calls, logits = self._score(live, props, width)  # 2. score
             t2 = time.perf_counter()
@@ -481,36 +398,6 @@ class Engine:
         step = next(self._steps)
         for r, p, v, lg in zip(live, props, verdicts, logits, strict=True):  # 5. record
             self._record(r, p, v, draft_ms, verify_ms, len(live), step, lg)
-
-    def _propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
-        """Step 1 for the batch: each request's proposal, then (k="auto", several requests)
-        the controller's alignment; returns the proposals, the tokens each sequence brings
-        to the call (0: as proposed) and whether the controller planned the batch. In a
-        batch of auto requests the controller may find planning not worth it this step
-        (`Controller.unplanned`): then every request decodes plainly, no drafter asked."""
-        props: list[Proposal] = []
-        counts = {r.seq: 1 for r in live}  # tokens each puts in the call: plain, to start
-        expected, draft_ms = float(len(live)), 0.0  # tokens expected, drafting time so far
-        gated = self.controller is not None and len(live) > 1 and all(map(self._auto, live))
-        unplanned = self.controller.unplanned(tuple(counts.items())) if gated else None
-        for r in live:
-            t = time.perf_counter()
-            if unplanned is None:
-                others = tuple((s, n) for s, n in counts.items() if s != r.seq)
-                p = self._propose(r, Batch(others, expected - 1.0, draft_ms, r.seq))
-            else:
-                p = Proposal(None, Draft([], None), unplanned)
-            p.draft = p.draft.prefix(self._room(r))  # a drafter must not overshoot
-            if p.draft.parents is not None and not self.target.trees:
-                p.draft = p.draft.chain()  # a drafter that ignored bind: its first chain
-            p.drafter = p.drafter if p.draft.tokens else None
-            p.ms = (time.perf_counter() - t) * _ms
-            props.append(p)
-            counts[r.seq] = 1 + len(p.draft.tokens)
-            expected += (p.plan.expected_tokens if p.plan and p.draft.tokens else 1.0) - 1.0
-            draft_ms += p.ms
-        width = 0 if unplanned is not None else self._align(live, props, counts, draft_ms)
-        return props, width, gated and unplanned is None
 
     def _score(
         self, live: Sequence[Request], props: Sequence[Proposal], width: int
@@ -539,7 +426,7 @@ class Engine:
             self.target.keep(r.seq, [0, *(i + 1 for i in verdict.path)])
         if p.drafter is not None:
             d = p.drafter
-            self._drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
+            drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
             if self.controller is not None:
                 self.controller.observe(r.id, d.name, p.draft, verdict.accepted, verdict.path)
         return self._emit(r, verdict.tokens, logits, _rows(verdict, len(verdict.tokens)))
@@ -576,42 +463,6 @@ class Engine:
             d = p.drafter
             if d is not None and not d.cheap and p.lag <= 1:  # not a catch-up round
                 costs.observe_draft(d.name, len(p.draft.tokens), p.ms)
-
-    def _align(
-        self,
-        live: Sequence[Request],
-        props: list[Proposal],
-        counts: dict[int, int],
-        draft_ms: float,
-    ) -> int:
-        """Step 1b: where the controller finds it pays, replace the batch's plans by a joint one
-        in which every sequence brings the same number of tokens (`Controller.align`), in
-        `props`; return the tokens each sequence then brings (0: as planned)."""
-        if self.controller is None or len(live) < 2:
-            return 0
-        asks = [
-            Offered(
-                r.id,
-                r.seq,
-                self._room(r),
-                {n: o.scores() for n, o in p.offers.items()},
-                p.plan,
-                r.only,
-                {n: o.parents for n, o in p.offers.items()},
-            )
-            for r, p in zip(live, props, strict=True)
-        ]
-        joint = self.controller.align(asks, list(counts.items()), draft_ms)
-        if joint is None:
-            return 0
-        byname = {d.name: d for d in self.drafters}
-        for p, (name, m, e) in zip(props, joint.drafts, strict=True):
-            d = byname[name] if name and m else None
-            p.drafter, p.draft = d, p.offers[name].prefix(m) if d else Draft([], None)
-            p.plan = Plan(
-                d, m, m, joint.expected_goodput, joint.plain_goodput, e, reason=joint.reason
-            )
-        return 1 + joint.length
 
     def _record(
         self,
