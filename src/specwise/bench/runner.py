@@ -16,7 +16,7 @@ equivalence checks run outside the timed part:
 With `Options.lossy`, every speculative configuration also runs, at temperatures > 0, under
 each lossy acceptance rule named (`spec` + " (lossy: RULE)"): the same seed as its exact run,
 recording how far it follows that run's sample (`same_as_exact`, `exact_prefix`) beside the
-mean log-probability; `report` keeps these out of every exact figure.
+mean log-probability; `figures` keeps these out of every exact figure.
 
 A drafter that remembers earlier requests (suffix) learns from the run's earlier prompts, as
 it would in use, but never from its own prompt: not from the warm-up, not from another repeat
@@ -24,7 +24,7 @@ or sampling setting of the same prompt. Each sampling setting has a memory of it
 it were a run of its own: every repeat of a prompt starts from that memory as it was after the
 setting's previous prompt.
 
-This module runs and records; `report` computes and presents the figures.
+This module runs and records; `figures` computes the figures and `report` presents them.
 """
 
 from __future__ import annotations
