@@ -25,11 +25,14 @@ library, model and setting. This module decides no backend; `specwise.backends.l
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -125,6 +128,14 @@ class IkLlamaLM(LlamaCppLM):
             )
         return rows
 
+    def forward(self, *args, **kwargs) -> list[np.ndarray]:
+        """`LM.forward`; with layer states, a Ctrl-C during it is raised when it ends
+        (`interrupts_after`)."""
+        if not self.hidden_layers:
+            return super().forward(*args, **kwargs)
+        with interrupts_after():
+            return super().forward(*args, **kwargs)
+
     def read(self, seq: int, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """`LM.read`: every token is an output row, so that the final norm runs over all of
         them, and the graph stops there (`_HiddenTap.final`): the output layer, 15% of a
@@ -185,6 +196,25 @@ class IkLlamaLM(LlamaCppLM):
         ]
 
 
+@contextlib.contextmanager
+def interrupts_after():
+    """Hold a Ctrl-C (SIGINT) that arrives in the block and raise it as it ends. The layer-state
+    tap runs Python inside the library's forward, hundreds of times a call, so that is where a
+    Ctrl-C mostly lands; raised there, ctypes prints and drops it and the forward goes on
+    without a layer's rows. Off the main thread (where no signal handler runs) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if held and callable(before):
+        before(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt
+
+
 class _HiddenTap:
     """Copies the tensors `names` out of each graph the library computes (the final hidden
     state `result_norm`, the output layer's input, one row per output; or layer outputs
@@ -192,8 +222,8 @@ class _HiddenTap:
     every node (~850 a forward of a 1.5B model: well under a millisecond) and computes the
     graph up to the node wanted next. While `final` is a list (`IkLlamaLM.read`), it also
     copies `result_norm` into it and stops the graph there: nothing after it is computed. A
-    callback must not raise into C; an error is kept and raised by `take`, and so is a Ctrl-C
-    that arrives while the callback runs (as KeyboardInterrupt, once the forward is done)."""
+    callback must not raise into C; an error is kept and raised by `take` (and a Ctrl-C is
+    held until the forward ends: `interrupts_after`)."""
 
     def __init__(self, ggml, width: int, names: Sequence[str]) -> None:
         self._ggml, self.width = ggml, width
@@ -201,7 +231,6 @@ class _HiddenTap:
         self._rows: dict[bytes, list[np.ndarray]] = {n: [] for n in self._names}
         self.final: list[np.ndarray] | None = None
         self._error: str | None = None
-        self._interrupted = False
         self.callback = ik_api.eval_callback(self._on_tensor)
 
     def _on_tensor(self, tensor, ask: bool, _user) -> bool:
@@ -219,8 +248,6 @@ class _HiddenTap:
             if self.final is not None and name == FINAL_B:
                 self.final.append(rows)
                 return False  # stop the graph: the logits are not wanted
-        except KeyboardInterrupt:  # Ctrl-C lands in whatever Python runs: here, mostly
-            self._interrupted = True
         except Exception as exc:  # reported by take()
             self._error = self._error or f"{type(exc).__name__}: {exc}"
         return True  # False would stop the graph
@@ -230,9 +257,6 @@ class _HiddenTap:
         [rows, len(names) * width]."""
         got = [self._rows[n] for n in self._names]
         self._rows = {n: [] for n in self._names}
-        if self._interrupted:  # raised here, after the forward, as it would have been
-            self._interrupted, self._error = False, None
-            raise KeyboardInterrupt
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"reading ik_llama's hidden states failed: {error}")
