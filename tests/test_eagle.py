@@ -122,17 +122,17 @@ def test_drafting_computes_what_the_training_time_test_computes():
             i, at = 7, 0
             cache = Cache(net, torch.zeros(0, 8, 3), torch.zeros(0, 8, 3))
             for n in (1, 3, 4):
-                a, lg = net.read(
+                a, st, lg = net.read(
                     torch.from_numpy(s[at : at + n]), torch.from_numpy(layer.index(t[at : at + n])),
                     cache,
                 )
                 at += n
             assert at == i + 1 and cache.n == 8
             got = [lg]
-            f, ck, cv = a[None], torch.zeros(1, 0, 8, 3), torch.zeros(1, 0, 8, 3)
+            f, st, ck, cv = a[None], st[None], torch.zeros(1, 0, 8, 3), torch.zeros(1, 0, 8, 3)
             for j in range(1, 4):
                 x = torch.from_numpy(layer.index([t[i + j]]))
-                f, lgj, ck, cv = net.expand(f, x, cache, ck, cv)
+                f, st, lgj, ck, cv = net.expand(f, st, x, cache, ck, cv)
                 got.append(lgj[0])
             for j in range(4):
                 want = whole[j][0, i].numpy()
@@ -149,15 +149,15 @@ def test_a_tree_lists_the_best_nodes_a_parent_before_its_children():
     layer = _toy_layer(target, width=16, depth=4)
     cache = layer.new_cache()
     rng = np.random.default_rng(1)
-    a, lg = layer.read(cache, rng.standard_normal((5, layer.state_size)), [1, 2, 3, 4, 5])
-    tree = propose_tree(layer, cache, a, lg, 15, 3)
+    root = layer.read(cache, rng.standard_normal((5, layer.state_size)), [1, 2, 3, 4, 5])
+    tree = propose_tree(layer, cache, root, 15, 3)
     assert len(tree.tokens) == 15 and tree.parents[0] == -1
     assert all(q < i for i, q in enumerate(tree.parents))  # a parent first
     assert tree.cumulative == sorted(tree.cumulative, reverse=True)
     for i, q in enumerate(tree.parents):  # cumulative = the product along the path
         want = tree.confidence[i] * (tree.cumulative[q] if q >= 0 else 1.0)
         assert tree.cumulative[i] == pytest.approx(want, rel=1e-6)
-    chain = propose_tree(layer, cache, a, lg, 15, 1)
+    chain = propose_tree(layer, cache, root, 15, 1)
     assert chain.parents == [-1, 0, 1, 2]  # beam 1: the best chain, the layer's depth long
     assert chain.tokens[0] == tree.tokens[0]
 
@@ -356,8 +356,8 @@ def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(
     again = Layer.load(tmp_path / "e.pt")
     assert again.layers == LAYERS and again.depth == layer.depth and again.meta["key"] == "abc"
     h = np.ones((2, 27), np.float32)
-    got = again.read(again.new_cache(), h, [0, 1])[1].numpy()
-    want = layer.read(layer.new_cache(), h, [0, 1])[1].numpy()
+    got = again.read(again.new_cache(), h, [0, 1])[2].numpy()
+    want = layer.read(layer.new_cache(), h, [0, 1])[2].numpy()
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-3)  # float16 file
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
@@ -468,3 +468,32 @@ def test_a_layer_for_the_target_joins_the_default_drafters_where_its_states_can_
         assert names == ["ngram", "suffix"] and not engine.target.hidden_layers
         said = "drafting without the eagle layer: llama_cpp gives the final hidden state only"
         assert (said in err) == (how == "mainline chosen")
+
+
+def test_a_layer_starts_as_the_targets_reading_of_its_top_layer():
+    """With the target's output rows and final norm, and Back at zero, the depth-1 logits are
+    the output layer applied to the top layer's state, normalised as the target normalises."""
+    rng = np.random.default_rng(3)
+    d, ids = 16, [0, 2, 5, 7]
+    rows = rng.standard_normal((len(ids), d)).astype(np.float32)
+    norm = rng.uniform(0.5, 2.0, d).astype(np.float32)
+    layer = Layer(d, LAYERS, ids, 9, width=16, unembedding=rows, final_norm=norm)
+    s = rng.standard_normal((3, 3 * d)).astype(np.float32)
+    _, state, logits = layer.read(layer.new_cache(), s, [1, 2, 3])
+    top = s[-1, 2 * d :]
+    np.testing.assert_allclose(state.numpy(), top, rtol=1e-6)
+    want = rows @ (norm * top / np.sqrt((top**2).mean() + 1e-6))
+    np.testing.assert_allclose(logits.numpy(), want, rtol=0.05, atol=0.05 * abs(want).max())
+    with pytest.raises(ValueError, match=r"final_norm has shape \(3,\)"):
+        Layer(d, LAYERS, ids, 9, width=16, final_norm=np.ones(3))
+
+
+def test_the_targets_output_rows_and_final_norm_are_read_from_its_file(smollm2, tmp_path):
+    from specwise import weights
+
+    rows = weights.unembedding(smollm2, np.array([0, 5, 9]))
+    norm = weights.final_norm(smollm2)
+    assert rows.shape == (3, 576) and norm.shape == (576,) and norm.dtype == np.float32
+    assert np.isfinite(rows).all() and 0.1 < float(np.abs(norm).mean()) < 100
+    torch_lm = TorchLM(tiny_llama(vocab=16, seed=0, layers=2), hidden=True)
+    assert weights.final_norm(torch_lm).shape == (torch_lm.hidden_size,)

@@ -115,10 +115,9 @@ def test_a_ctrl_c_during_a_forward_with_layer_states_is_raised_after_it_not_lost
     from specwise.backends.ik_llama import interrupts_after
 
     went_on = False
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts_after():
-            os.kill(os.getpid(), signal.SIGINT)
-            went_on = True  # nothing raised inside
+    with pytest.raises(KeyboardInterrupt), interrupts_after():
+        os.kill(os.getpid(), signal.SIGINT)
+        went_on = True  # nothing raised inside
     assert went_on and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with interrupts_after():  # none held: nothing raised
         pass

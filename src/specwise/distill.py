@@ -41,6 +41,7 @@ from specwise.backends.base import LM, new_sequence
 from specwise.corpus import code_prompts
 from specwise.drafters.heads import Heads, heads_path, model_key, vocab_index
 from specwise.sampling import Sampler, SamplingParams, warp
+from specwise.weights import unembedding
 
 __all__ = [
     "Data",
@@ -455,26 +456,6 @@ def score(net: Heads, data: Data) -> dict[str, dict]:
         "sampled": held[~data.greedy[held]],
     }
     return {kind: evaluate(net, data, rows) for kind, rows in kinds.items()}
-
-
-def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
-    """The target's output-layer rows for `ids` [len(ids), hidden_size] float32: from the
-    GGUF file (dequantized with the gguf package), or the torch model; None where neither."""
-    model = getattr(target, "model", None)
-    if model is not None and hasattr(model, "get_output_embeddings"):
-        return model.get_output_embeddings().weight.detach().float().numpy()[ids]
-    path = Path(target.info.model)
-    if not path.is_file():  # a GGUF file, whatever its name (an Ollama blob has no suffix)
-        return None
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    tensors = {t.name: t for t in reader.tensors}
-    t = tensors.get("output.weight") or tensors.get("token_embd.weight")
-    if t is None:
-        return None
-    rows = np.asarray(t.data)[ids]
-    return gguf.quants.dequantize(rows, t.tensor_type).reshape(len(ids), -1).astype(np.float32)
 
 
 def run(

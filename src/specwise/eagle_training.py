@@ -49,11 +49,11 @@ from specwise.teacher import Data
 
 __all__ = ["DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "train"]
 
-WINDOW = 1024  # most positions of one training window
+WINDOW = 512  # most positions of one training window
 DEPTH_WEIGHT = 0.8  # depth j's loss weighs DEPTH_WEIGHT ** (j - 1)
 LR = 1e-3
 FINAL_LR = LR / 10  # where the schedule ends: the rate the server adapts the layer at
-WARMUP = 200  # steps
+WARMUP = 50  # steps
 CHECKPOINT_S = 300.0
 
 
@@ -169,7 +169,7 @@ def train(
     data: Data,
     seconds: float | None = None,
     checkpoint: Path | None = None,
-    batch: int = 4,
+    batch: int = 2,
     lr: float = LR,
     seed: int = 0,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),

@@ -399,7 +399,7 @@ def collect(
     whenever the answers fall behind their share, chunks read otherwise. Resumes where an
     earlier call stopped (each writer skips what it did). Returns `summary(folder)`."""
     from specwise import corpus
-    from specwise.distill import unembedding
+    from specwise.weights import unembedding
 
     if not target.hidden_layers:
         raise ValueError("making data needs a target built with hidden layers")

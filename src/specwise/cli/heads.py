@@ -118,7 +118,7 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     """`specwise heads train --arch eagle`: the eagle drafter's layer, on `heads data`'s data."""
     import time as _time
 
-    from specwise import eagle_training, teacher
+    from specwise import eagle_training, teacher, weights
     from specwise.backends import model_layers, resolve_model
     from specwise.drafters.eagle import FILE, Layer, bench_path, data_path, layers_for
     from specwise.drafters.heads import heads_path, model_key
@@ -151,7 +151,8 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
           f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
     meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
     layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
-                  width=a.width, depth=a.depth, meta=meta)
+                  width=a.width, depth=a.depth, meta=meta,
+                  unembedding=weights.unembedding(target, ids), final_norm=weights.final_norm(target))
     size = "" if a.positions is None else f"-{a.positions}"
     ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}{size}.pt"
     bench = bench_path(model, layers)
