@@ -1,0 +1,435 @@
+"""The eagle drafter's network (`Layer`) and how it drafts a tree (`propose_tree`): one
+transformer layer over three of the target's own layers, its cache of keys and values for one
+sequence's committed positions (`Cache`), and its file (`save`/`load`). The drafter that runs
+it in the engine's rounds, and the rules of what the layer reads, are `drafters.eagle`'s.
+
+The network. At every position t of the context it reads the target's states s_t
+there, the outputs of a low, a middle and a high layer side by side (`eagle.layers_for`, read
+by a target built with them: `LM.hidden_layers`), and the token x_{t+1} that followed:
+
+    f_t = Fuse(s_t)                       each layer's state RMS-normalised, then one projection
+    u_t = In([norm(f_t); norm(E(x_{t+1}))])
+    a_t = Block(u_t | u_{<=t})            pre-norm causal attention and MLP (width `width`)
+    ŝ_t = top(s_t) + Back(a_t)            a state in the target's space: its top layer's, corrected
+    logits = Out(norm(ŝ_t))               over a **reduced vocabulary** (`ids`)
+
+predicting x_{t+2}. Out and its norm start as the target's own output rows for `ids` and its
+final norm, and Back at zero, so the layer starts as the target's reading of its top layer
+(its guess at x_{t+1}) and learns the correction in the target's space: measured on 70k
+positions, α1 on the bench's answers 0.21 against 0.18 with Out at the layer's width. To
+draft further it runs on its own output, as it was trained to (training-time test,
+`specwise.eagle_training`): at draft depth j >= 1 the feature it reads in place of f is the
+feature a of its parent draft token, with that token's embedding, the state it corrects is its
+parent's ŝ, and it attends to the committed positions and to the draft tokens on its path.
+
+The draft (a dynamic tree, as EAGLE-2). The root is the last emitted token; the layer's first
+step over the new committed positions gives the depth-1 distribution. At each depth the
+`beam` nodes of the newest level with the highest cumulative probability (the product of the
+layer's probabilities along the path) are expanded, each with its `beam` most likely
+children, in one call of the layer; after `depth` levels every node is ranked by its
+cumulative probability and the draft is the best k of them, a parent before its children
+(its cumulative probability is at least theirs). So the draft's first m tokens are the best
+m-token tree: the controller, which takes a prefix of an offer, sizes the tree from the
+layer's calibrated confidences (each token's probability given its parent) as it prices every
+drafter. The tree is a point mass, verified by the exact tree rules; on a target that takes no
+trees (`LM.trees` False) the draft is the best chain (beam 1).
+
+`module` is the torch module (training: `specwise.eagle_training`); drafting runs its int8
+copy. Torch is imported when a layer is built, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specwise.drafters.heads import check_vocab, load_state, save_state, vocab_index
+
+__all__ = ["ATTENTION_HEADS", "BEAM", "DEPTH", "FORMAT", "Cache", "Layer", "Tree", "propose_tree"]
+
+FORMAT = 3  # the file's layout (1: over the final state alone; 2: Out at the layer's width)
+ATTENTION_HEADS = 8
+BEAM = 3  # nodes expanded a level, and children of each
+DEPTH = 4  # draft levels (the depth it was trained to)
+
+
+class Layer:
+    """Layer(hidden_size, layers, ids, vocab_size, width=768, depth=DEPTH, seed=0,
+    unembedding=None, final_norm=None): the network. hidden_size: the target's width; layers:
+    the target layers it reads (states of len(layers) * hidden_size); ids: the target ids of
+    the reduced vocabulary (distinct, < vocab_size); depth: the draft depth it is trained to;
+    unembedding [len(ids), hidden_size] and final_norm [hidden_size]: the target's output rows
+    for `ids` and its final norm's weights, where Out and its norm start (else at random and
+    at one). `module` is the torch module (training); `read` and `expand` run its int8 copy
+    (drafting)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        layers: Sequence[int],
+        ids: Sequence[int],
+        vocab_size: int,
+        width: int = 768,
+        depth: int = DEPTH,
+        seed: int = 0,
+        meta: dict[str, Any] | None = None,
+        unembedding: np.ndarray | None = None,
+        final_norm: np.ndarray | None = None,
+    ) -> None:
+        import torch
+
+        ids = np.asarray(ids, dtype=np.int64)
+        if width < ATTENTION_HEADS or width % ATTENTION_HEADS:
+            raise ValueError(f"width = {width} is invalid; use a multiple of {ATTENTION_HEADS}")
+        if depth < 1:
+            raise ValueError(f"depth = {depth} is invalid; use an integer >= 1")
+        check_vocab(ids, vocab_size, hidden_size, unembedding, "the layer's")
+        if final_norm is not None and np.shape(final_norm) != (hidden_size,):
+            raise ValueError(
+                f"final_norm has shape {np.shape(final_norm)}; the target's width is {hidden_size}"
+            )
+        self.hidden_size, self.vocab_size, self.width = hidden_size, vocab_size, width
+        self.layers = tuple(int(i) for i in layers)
+        self.state_size = hidden_size * len(self.layers)
+        self.depth = depth
+        self.ids = ids
+        self.meta = dict(meta or {})
+        self._where = vocab_index(ids, vocab_size, missing=len(ids))  # the last: any other id
+        torch.manual_seed(seed)
+        self.module = _module_class()(len(self.layers), hidden_size, width, len(ids))
+        with torch.no_grad():
+            if unembedding is not None:
+                self.module.out.weight.copy_(torch.from_numpy(np.asarray(unembedding)))
+            if final_norm is not None:
+                self.module.norm3.weight.copy_(torch.from_numpy(np.asarray(final_norm)))
+        self._fast: Any = None  # the inference copy, made on first use
+
+    def index(self, tokens: Sequence[int]) -> np.ndarray:
+        """Target ids -> the layer's token indices (len(ids) for an id outside the vocabulary
+        or unknown, -1)."""
+        t = np.asarray(tokens, dtype=np.int64)
+        inside = (t >= 0) & (t < self.vocab_size)
+        return np.where(inside, self._where[t.clip(0, self.vocab_size - 1)], len(self.ids))
+
+    def new_cache(self) -> Cache:
+        """An empty cache for one sequence, bound to the int8 copy published now."""
+        import torch
+
+        if self._fast is None:
+            self.publish()
+        heads, d = ATTENTION_HEADS, self.width // ATTENTION_HEADS
+        return Cache(self._fast, torch.zeros(0, heads, d), torch.zeros(0, heads, d))
+
+    def read(self, cache: Cache, states: np.ndarray, tokens: Sequence[int]):
+        """Read n committed positions more into `cache` (their states [n, state_size] and the
+        tokens that followed them [n]); returns the tree's root: the last one's feature a
+        [width], its predicted state [hidden_size] and its logits over `ids` [len(ids)]
+        (torch tensors): the depth-1 distribution."""
+        import torch
+
+        with torch.inference_mode():
+            s = torch.from_numpy(np.asarray(states, dtype=np.float32))
+            t = torch.from_numpy(self.index(tokens))
+            return cache.net.read(s, t, cache)
+
+    def publish(self) -> None:
+        """The weights changed (training): copy them into the int8 copy that drafting runs
+        (each Linear's weights quantized per output row, activations per call)."""
+        self._fast = _int8_copy(self.module)
+
+    def ready(self) -> None:
+        """Make the int8 copy and run it once at the shapes drafting uses (the CPU library
+        prepares its kernels at a shape's first product)."""
+        self.publish()
+        cache = self.new_cache()
+        z = np.zeros((2, self.state_size), np.float32)
+        self.read(cache, z[:1], [0])
+        propose_tree(self, cache, self.read(cache, z, [0, 0]), 8, BEAM)
+
+    def save(self, path: str | Path) -> None:
+        """Write the layer to `path` (a .pt file), atomically."""
+        import torch
+
+        state = {
+            "format": FORMAT,
+            "hidden_size": self.hidden_size,
+            "layers": list(self.layers),
+            "vocab_size": self.vocab_size,
+            "width": self.width,
+            "depth": self.depth,
+            "ids": torch.from_numpy(self.ids),
+            "weights": {k: v.half() for k, v in self.module.state_dict().items()},
+            "meta": self.meta,
+        }
+        save_state(path, state)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Layer:
+        """Read a layer written by `save`, `ready` to run; ValueError naming the file where it
+        is not one."""
+
+        def build(state: dict) -> Layer:
+            layer = cls(
+                state["hidden_size"],
+                state["layers"],
+                state["ids"].numpy(),
+                state["vocab_size"],
+                width=state["width"],
+                depth=state["depth"],
+                meta=state.get("meta"),
+            )
+            layer.module.load_state_dict({k: v.float() for k, v in state["weights"].items()})
+            layer.ready()
+            return layer
+
+        return load_state(path, FORMAT, "drafting layer", build)
+
+
+@dataclass
+class Cache:
+    """The layer's keys and values for one sequence's committed positions: buffers [capacity,
+    heads, width / heads] (torch tensors) whose first n rows are filled, by `net` (the int8
+    copy of the weights that runs them)."""
+
+    net: Any
+    keys: Any
+    values: Any
+    n: int = 0
+
+    def extend(self, k, v):
+        """Append rows k, v [m, heads, d] (the buffers grow by doubling, so a round copies
+        nothing already cached); returns the filled keys and values."""
+        end = self.n + len(k)
+        if end > len(self.keys):
+            size = max(end, 2 * len(self.keys), 64)
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                grown = old.new_empty(size, *old.shape[1:])
+                grown[: self.n] = old[: self.n]
+                setattr(self, name, grown)
+        self.keys[self.n : end] = k
+        self.values[self.n : end] = v
+        self.n = end
+        return self.keys[:end], self.values[:end]
+
+
+def attend(q, k0, v0, mask0, chain_k=None, chain_v=None):
+    """Attention of queries q [..., N, H, d] over keys and values k0, v0 [..., P, H, d] (where
+    `mask0` [N, P] allows, None: all) and, for each query, its own chain of keys and values
+    chain_k, chain_v [..., N, j, H, d] (its ancestors' and its own: training-time test's
+    diagonal); returns [..., N, H * d]."""
+    import torch
+
+    scale = q.shape[-1] ** -0.5
+    s0 = torch.einsum("...nhd,...phd->...hnp", q, k0) * scale
+    if mask0 is not None:
+        s0 = s0.masked_fill(~mask0, float("-inf"))
+    if chain_k is None or chain_k.shape[-3] == 0:
+        p = torch.softmax(s0, dim=-1)
+        out = torch.einsum("...hnp,...phd->...nhd", p, v0)
+    else:
+        sc = torch.einsum("...nhd,...njhd->...hnj", q, chain_k) * scale
+        p = torch.softmax(torch.cat([s0, sc], dim=-1), dim=-1)
+        p0, pc = p[..., : s0.shape[-1]], p[..., s0.shape[-1] :]
+        out = torch.einsum("...hnp,...phd->...nhd", p0, v0)
+        out = out + torch.einsum("...hnj,...njhd->...nhd", pc, chain_v)
+    return out.flatten(-2)
+
+
+@functools.cache
+def _module_class():
+    """The torch module class, defined on first use (importing this module imports no torch)."""
+    import torch
+    from torch import nn
+
+    class LayerModule(nn.Module):
+        """Fuse, the token embedding, the input projection, one pre-norm attention block with
+        its MLP, and the output layer over the reduced vocabulary (module docstring)."""
+
+        def __init__(self, parts: int, d: int, width: int, n_ids: int) -> None:
+            super().__init__()
+            self.parts, self.d, self.width = parts, d, width
+            self.fuse = nn.Linear(parts * d, width, bias=False)
+            self.emb = nn.Embedding(n_ids + 1, width)
+            with torch.no_grad():
+                self.emb.weight.normal_(0.0, 0.02)
+                self.emb.weight[n_ids].zero_()
+            self.norm_f = nn.RMSNorm(width)
+            self.norm_e = nn.RMSNorm(width)
+            self.inp = nn.Linear(2 * width, width, bias=False)
+            self.norm1 = nn.RMSNorm(width)
+            self.qkv = nn.Linear(width, 3 * width, bias=False)
+            self.proj = nn.Linear(width, width, bias=False)
+            self.norm2 = nn.RMSNorm(width)
+            self.up = nn.Linear(width, 2 * width, bias=False)
+            self.down = nn.Linear(2 * width, width, bias=False)
+            self.back = nn.Linear(width, d, bias=False)  # into the target's state space
+            with torch.no_grad():
+                self.back.weight.zero_()
+            self.norm3 = nn.RMSNorm(d)
+            self.out = nn.Linear(d, n_ids, bias=False)
+
+        # -- the pieces ----------------------------------------------------------------------
+        def features(self, s):  # [..., parts * d] -> [..., width]
+            s = s.unflatten(-1, (self.parts, self.d))
+            s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.fuse(s.flatten(-2))
+
+        def inputs(self, f, t):  # features [..., w], token indices [...] -> u [..., w]
+            return self.inp(torch.cat([self.norm_f(f), self.norm_e(self.emb(t))], dim=-1))
+
+        def qkv_of(self, u):  # u [..., w] -> q, k, v [..., H, w / H]
+            q, k, v = self.qkv(self.norm1(u)).chunk(3, dim=-1)
+            return (x.unflatten(-1, (ATTENTION_HEADS, -1)) for x in (q, k, v))
+
+        def finish(self, u, att):  # the block's output, the feature a [..., w]
+            x = u + self.proj(att)
+            return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+        def top(self, s):  # [..., parts * d] -> the top layer's state [..., d]
+            return s[..., (self.parts - 1) * self.d :]
+
+        def predict(self, a, base):
+            """Feature a [..., w] and the state it corrects, base [..., d] -> (logits
+            [..., n_ids], the predicted state base + Back(a) [..., d])."""
+            state = base + self.back(a)
+            return self.out(self.norm3(state)), state
+
+        # -- training ------------------------------------------------------------------------
+        def unroll(self, s, t, depth: int):
+            """Training-time test over answers: states s [B, L, S], token indices t [B, L + depth - 1]
+            (t[:, i] follows position i; then the tokens after them); returns the logits
+            [B, L, n_ids] of each draft depth 1..depth (depth j at position i predicts the
+            token after t[:, i + j - 1])."""
+            L = s.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool).tril()
+            f = self.features(s)
+            u = self.inputs(f, t[:, :L])
+            q, k0, v0 = self.qkv_of(u)
+            a = self.finish(u, attend(q, k0, v0, causal))
+            logits, state = self.predict(a, self.top(s))
+            out = [logits]
+            chain_k, chain_v = [], []
+            for j in range(1, depth):
+                u = self.inputs(a, t[:, j : j + L])
+                q, k, v = self.qkv_of(u)
+                chain_k.append(k)
+                chain_v.append(v)
+                ck, cv = torch.stack(chain_k, dim=-3), torch.stack(chain_v, dim=-3)
+                a = self.finish(u, attend(q, k0, v0, causal, ck, cv))
+                logits, state = self.predict(a, state)
+                out.append(logits)
+            return out
+
+        def forward(self, s, t):  # depth 1 only: [B, L, S], [B, L] -> logits [B, L, n_ids]
+            return self.unroll(s, t, 1)[0]
+
+        # -- drafting ------------------------------------------------------------------------
+        def read(self, s, t, cache):
+            """Committed positions [n, S], [n] after `cache` -> (feature, predicted state,
+            logits) at the last."""
+            u = self.inputs(self.features(s), t)
+            q, k, v = self.qkv_of(u)
+            keys, values = cache.extend(k, v)  # a position's key is of its inputs alone
+            a = self.finish(u[-1:], attend(q[-1:], keys, values, None))  # the last sees all
+            logits, state = self.predict(a, self.top(s[-1:]))
+            return a[0], state[0], logits[0]
+
+        def expand(self, f, base, t, cache, chain_k, chain_v):
+            """Draft nodes: parents' features f [m, w] and predicted states base [m, d], their
+            tokens t [m], the keys and values of their ancestors [m, j, H, dh] -> (features,
+            predicted states, logits, k, v) of the nodes."""
+            u = self.inputs(f, t)
+            q, k, v = self.qkv_of(u)
+            ck = torch.cat([chain_k, k[:, None]], dim=1)
+            cv = torch.cat([chain_v, v[:, None]], dim=1)
+            keys, values = cache.keys[: cache.n], cache.values[: cache.n]
+            a = self.finish(u, attend(q, keys, values, None, ck, cv))
+            logits, state = self.predict(a, base)
+            return a, state, logits, ck, cv
+
+    return LayerModule
+
+
+def _int8_copy(module):
+    """The inference copy of a `LayerModule`: its Linear layers dynamically quantized to int8."""
+    import copy
+    import warnings
+
+    import torch
+    from torch import nn
+    from torch.ao import quantization
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's notice that it moves to torchao
+        return quantization.quantize_dynamic(
+            copy.deepcopy(module).eval(),
+            {nn.Linear: quantization.per_channel_dynamic_qconfig},
+            dtype=torch.qint8,
+        )
+
+
+@dataclass
+class Tree:
+    """A drafted tree, best first: target ids, parents (-1: the root), each token's
+    probability given its parent (the layer's confidence) and cumulative probability."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    cumulative: list[float] = field(default_factory=list)
+
+
+def propose_tree(layer: Layer, cache: Cache, root, k: int, beam: int) -> Tree:
+    """The best k-token tree (module docstring) grown from `root` (`Layer.read`'s feature [w],
+    predicted state [d] and depth-1 logits [len(ids)], torch), expanding `beam` nodes a level
+    with `beam` children each, for `layer.depth` levels; beam 1: the best chain."""
+    import torch
+
+    net = cache.net
+    heads, d = ATTENTION_HEADS, layer.width // ATTENTION_HEADS
+    # every node: (parent node or -1, reduced index, confidence, cumulative, level)
+    nodes: list[tuple[int, int, float, float, int]] = []
+    feature, state, logits = root
+    with torch.inference_mode():
+        p = torch.softmax(logits, dim=-1)
+        top = torch.topk(p, min(beam, len(p)))
+        for c, x in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            nodes.append((-1, x, c, c, 1))
+        level = list(range(len(nodes)))
+        feats = feature[None].expand(len(level), -1)
+        states = state[None].expand(len(level), -1)
+        chain_k = torch.zeros(len(level), 0, heads, d)
+        chain_v = torch.zeros(len(level), 0, heads, d)
+        parent_row = list(range(len(level)))  # each level node's row in feats / chains
+        for depth in range(2, layer.depth + 1):
+            best = sorted(level, key=lambda i: -nodes[i][3])[:beam]
+            rows = [parent_row[level.index(i)] for i in best]
+            toks = torch.tensor([nodes[i][1] for i in best])
+            a, st, lg, ck, cv = net.expand(
+                feats[rows], states[rows], toks, cache, chain_k[rows], chain_v[rows]
+            )
+            p = torch.softmax(lg, dim=-1)
+            top = torch.topk(p, min(beam, p.shape[-1]), dim=-1)
+            level, parent_row = [], []
+            for r, i in enumerate(best):
+                for c, x in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
+                    nodes.append((i, x, c, nodes[i][3] * c, depth))
+                    level.append(len(nodes) - 1)
+                    parent_row.append(r)
+            feats, states, chain_k, chain_v = a, st, ck, cv
+    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], nodes[i][4], i))[:k]
+    place = {n: j for j, n in enumerate(order)}
+    tree = Tree()
+    for n in order:
+        parent, x, c, cum, _ = nodes[n]
+        tree.tokens.append(int(layer.ids[x]))
+        tree.parents.append(-1 if parent < 0 else place[parent])
+        tree.confidence.append(float(c))
+        tree.cumulative.append(float(cum))
+    return tree
