@@ -197,7 +197,10 @@ def test_a_baseline_on_another_backend_is_timed_compared_and_never_recommended()
     assert figs["plain"]["speedup_vs_baseline"] == pytest.approx(1.5)
     assert "equivalence_ok" not in figs["plain on llama_cpp"]  # two libraries: not judged
     assert rep.recommendation["code"]["T=0"]["best_speculative"] == "ngram k=4"
-    assert "over plain on llama_cpp: plain 1.50x, ngram k=4 3.00x" in rep.table()
+    assert "over plain on llama_cpp: plain 1.50x, ngram k=4 3.00x" in rep.markdown()
+    row = next(line for line in rep.table().splitlines() if line.startswith("code "))
+    assert "×plain on llama_cpp" in rep.table()
+    assert " ".join(row.split()[3:7]) == "2.00x (1 prompt) 3.00x"  # over plain, over mainline
     assert rep.hindsight == {}  # no auto ran; the baseline is no fixed configuration
     # one prompt: a ratio but no interval, and the recommendation says so
     assert "not enough prompts to decide" in rep.recommendation["code"]["T=0"]["text"]
@@ -285,6 +288,17 @@ def test_bench_end_to_end_on_the_smallest_model(smollm2_path, tmp_path, capsys):
         assert (out / name).stat().st_size > 0
     assert "Recommendation" in (out / "report.md").read_text()
     assert "k=auto against hindsight" in (out / "report.md").read_text()
+    # For people: a table per sampling, exactness in words, a verdict, the report's path.
+    printed = stdout.strip().splitlines()[:-1]
+    assert printed[0].startswith("T=0 · tokens/s of decoding") and printed[1].startswith("category")
+    assert printed[2].split()[0] == "code_editing"  # its own sampling: T=0 (chat's is 0.7)
+    assert any(line.startswith("T=0.7 top_p=0.9 · ") for line in printed)
+    assert printed[-2].startswith("verdict: auto ") and printed[-1].startswith("report: ")
+    assert "exactness: auto's greedy text identical to plain's on " in stdout
+    assert "---" not in stdout and "equiv " not in stdout
+    # `bench report` prints the same from the run's folder.
+    assert main(["bench", "report", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == printed
 
     # The report can be rebuilt from the JSONL files alone, also from a run cut short.
     (out / "report.md").unlink()
@@ -405,8 +419,9 @@ def test_lossy_rules_are_measured_apart_from_every_exact_figure(smollm2_path, tm
     assert all("exact_prefix" in r["check"] for r in flagged)
     report = (out / "report.md").read_text()
     assert "Lossy acceptance rules: NOT the target's distribution" in report
-    main_tables = report.split("## Lossy")[0]
+    summary, main_tables = report.split("## Lossy")[0].split("```\n\n", 1)  # the printed text
     assert "lossy:" not in main_tables
+    assert "LOSSY rules, not the target's distribution" in summary
 
 
 @pytest.mark.parametrize(

@@ -98,4 +98,4 @@ def test_the_report_gives_pass_at_1_against_plain_with_an_interval_and_lossy_apa
     assert "| humaneval | T=0.7 | ngram k=4 | 75% (Δ +0 pts" in pass_section
     assert "lossy" not in pass_section  # lossy rows only in their own section
     assert "25% (Δ -50 pts" in md.split("## Lossy")[1]
-    assert "pass@1: plain 75%" in rep.table()
+    assert "pass@1 humaneval: plain 75%" in rep.table()

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from specwise.bench.runner import BASELINE
+from specwise.bench.runner import BASELINE, LOSSY
 from specwise.lossy import EXACT
 from specwise.trace import (
     RoundTrace,
@@ -51,11 +51,31 @@ __all__ = [
     "lossy_figures",
     "mean_ci",
     "ratio_ci",
+    "spec_order",
 ]
 
 BOOTSTRAP = 2000
 SAMPLED_Z = 3.0  # |z| above this flags a sampled configuration's distribution
 SAMPLED_MIN_N = 5  # prompt pairs needed before a sampled check can flag anything
+
+
+def spec_order(spec: str) -> tuple:
+    """Where a configuration stands in every table, whatever order the run met it in: plain,
+    the baseline (`plain on <backend>`), auto, the other auto sets, then the fixed ones by
+    drafter and k; a lossy rule right after its exact configuration."""
+    exact, _, rule = spec.partition(LOSSY)
+    drafter, _, k = exact.partition(" k=")
+    if exact == "plain":
+        rank = 0
+    elif exact.startswith(BASELINE):
+        rank = 1
+    elif exact == "auto":
+        rank = 2
+    elif exact.startswith("auto["):
+        rank = 3
+    else:
+        rank = 4
+    return (rank, drafter, int(k) if k.isdigit() else 0, rule)
 
 
 def _decode_ms(s: dict) -> float:
@@ -141,6 +161,7 @@ def figures_of(records: list[dict], rounds: list[RoundTrace], plain: list[dict])
         "verify_ms_per_round": verify / n_rounds if n_rounds else None,
         "overhead_ms_per_round": over / n_rounds if n_rounds else None,
         "goodput_tokens_per_ms": emitted / spent if spent else None,
+        "decode_tokens_per_s": 1000 * _rate(records),  # what `speedup_total` is a ratio of
         "speedup_total": _rate([a for a, _ in pairs]) / _rate([b for _, b in pairs])
         if pairs
         else None,
@@ -278,7 +299,10 @@ def by_request(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
     for by_spec in out.values():
         for rows in by_spec.values():
             rows.sort(key=lambda row: row["index"])
-    return out
+    return {
+        sampling: dict(sorted(by_spec.items(), key=lambda kv: spec_order(kv[0])))
+        for sampling, by_spec in out.items()
+    }
 
 
 def lossy_figures(records: list[dict], rounds_by: dict, plain_by: dict) -> dict:
@@ -292,7 +316,7 @@ def lossy_figures(records: list[dict], rounds_by: dict, plain_by: dict) -> dict:
             groups[(cat, rec["sampling"])][rec["spec"]].append(rec)
     out: dict[str, dict[str, dict]] = {}
     for (cat, sampling), by_spec in groups.items():
-        for spec, recs in by_spec.items():
+        for spec, recs in sorted(by_spec.items(), key=lambda kv: spec_order(kv[0])):
             plain = plain_by.get((cat, sampling), [])
             f = figures_of(recs, rounds_by.get((cat, recs[0]["config"]), []), plain)
             f["equivalence_ok"] = None  # not the target's distribution, by design
@@ -326,7 +350,7 @@ def aggregate(records: list[dict], rounds: Iterable[dict]) -> tuple[dict, dict, 
                 continue
             plain = by_spec.get("plain", [])
             figs = {}
-            for spec, recs in by_spec.items():
+            for spec, recs in sorted(by_spec.items(), key=lambda kv: spec_order(kv[0])):
                 key = recs[0]["config"]
                 figs[spec] = figures_of(recs, rounds_by.get((cat, key), []), plain)
             against_baseline(figs)

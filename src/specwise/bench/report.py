@@ -1,5 +1,6 @@
-"""The bench's report: the recommendation per category and sampling, and the outputs: a table
-for people, `summary.json` and `report.md` (`Report`, made by `build`).
+"""The bench's report: the recommendation per category and sampling, and the outputs: the text
+for people (`Report.table`, laid out by `bench.console`), `summary.json` and `report.md`, which
+holds every configuration's detail in one fixed order (`Report`, made by `build`).
 
 The figures are `bench.figures`' (speedups over plain decoding on the same prompts, their
 intervals, acceptance, hindsight, per prompt, the lossy rules apart); this module decides one
@@ -18,18 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from specwise.bench.console import fmt, gap_list, pass_text, text
 from specwise.bench.figures import against_hindsight, aggregate, baseline, by_request
 
 __all__ = ["Report", "against_hindsight", "build", "by_request"]
-
-
-def _pass_text(f: dict) -> str:
-    """pass@1 and its change against plain, for a line or a cell ("-" where not measured)."""
-    if "pass_at_1" not in f:
-        return "-"
-    d = f["pass_at_1_delta"]
-    lo, hi = d["ci95"]
-    return f"{_f(100 * f['pass_at_1'], '.0f')}% (Δ {_f(100 * d['mean'], '+.0f')} pts, {_f(100 * lo, '+.0f')} to {_f(100 * hi, '+.0f')})"
 
 
 class Report:
@@ -59,36 +52,23 @@ class Report:
         }
 
     # -- text --------------------------------------------------------------------------------
+    def failures(self) -> list[str]:
+        """'category · sampling · configuration' for each exact configuration whose output
+        failed its equivalence check (a greedy divergence beyond a near-tie, a sampled
+        log-probability off by more than the noise)."""
+        return [
+            f"{cat} · {s} · {spec}"
+            for cat, by_s in self.figures.items()
+            if cat != "all"
+            for s, by_spec in by_s.items()
+            for spec, f in by_spec.items()
+            if f.get("equivalence_ok") is False
+        ]
+
     def table(self) -> str:
-        lines = []
-        head = (
-            f"{'configuration':16} {'speedup':>8} {'95% CI':>11} {'median':>6} {'e2e':>5} "
-            f"{'acc.rate':>8} {'tau':>5} {'tok/ms':>7} {'TTFT ms':>8} {'draft%':>6} "
-            f"{'verify%':>7} {'equiv':>6}"
-        )
-        for cat, by_s in self.figures.items():
-            for sampling, by_spec in by_s.items():
-                lines.append(f"\n{cat} · {sampling}")
-                lines.append(head)
-                for spec, f in by_spec.items():
-                    lines.append(_row(spec, f))
-                rec = self.recommendation.get(cat, {}).get(sampling)
-                if rec:
-                    lines.append(f"→ {rec['text']}")
-                if baseline(by_spec):
-                    lines.append(f"  {_baseline_line(by_spec)}")
-                passed = [
-                    f"{spec} {_pass_text(f)}" for spec, f in by_spec.items() if "pass_at_1" in f
-                ]
-                if passed:
-                    lines.append("  pass@1: " + "; ".join(passed))
-        for cat, by_s in self.lossy.items():
-            for sampling, by_spec in by_s.items():
-                lines.append(
-                    f"\n{cat} · {sampling} · LOSSY acceptance (not the target's distribution)"
-                )
-                lines += [_lossy_line(spec, f) for spec, f in by_spec.items()]
-        return "\n".join(lines)
+        """What the bench prints for people (`bench.console`): a table per sampling, exactness,
+        the verdict."""
+        return text(self.figures, self.lossy, self.run, self.failures())
 
     def markdown(self) -> str:
         out = [
@@ -104,11 +84,19 @@ class Report:
             "Speedup = tokens/s over plain decoding on the same prompts, measured side by side "
             "in one process, on decode time (total minus the target's prompt prefill, which "
             "is the same work for every configuration; a draft model's prefill counts "
-            "against it); e2e = the same on total time. Acceptance rate = Σ accepted / "
-            "Σ proposed at that configuration's k; τ = emitted per round; tok/ms = goodput "
-            "(emitted per ms of rounds). Equivalence: greedy = token-for-token match with "
-            "plain (or a near-tie divergence); sampled = paired difference of the target's "
-            "mean log-probability, |z| <= 3.",
+            "against it); tok/s = tokens per second of that decode time; e2e = the speedup "
+            "on total time. Acceptance rate = Σ accepted / Σ proposed at that configuration's "
+            "k; τ = emitted per round; tok/ms = goodput (emitted per ms of rounds). "
+            "Exactness: greedy = token-for-token match with plain, and where a text parted, the "
+            "target's top-2 logit gap there (a near-tie: at most the bound the run measured, "
+            f"{_bound(self.run)}; `--exact` takes the kernels that round differently out); "
+            "sampled = paired difference of the target's mean log-probability, |z| <= 3.",
+            "",
+            "## Summary (as the bench printed it)",
+            "",
+            "```text",
+            self.table(),
+            "```",
             "",
         ]
         for cat, by_s in self.figures.items():
@@ -116,9 +104,10 @@ class Report:
                 out += [
                     f"## {cat} · {sampling}",
                     "",
-                    "| configuration | speedup | 95% CI | median | e2e | acceptance rate | τ | "
-                    "α by position | tok/ms | TTFT ms | draft / verify / overhead | equivalence |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                    "| configuration | tok/s | speedup | 95% CI | median | e2e | acceptance rate "
+                    "| τ | α by position | tok/ms | TTFT ms | draft / verify / overhead | "
+                    "exactness |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
                 ]
                 for spec, f in by_spec.items():
                     out.append(_md_row(spec, f))
@@ -143,8 +132,8 @@ class Report:
             for cat, by_s in self.hindsight.items():
                 for sampling, h in by_s.items():
                     out.append(
-                        f"| {cat} | {sampling} | {_f(h['auto'])}x | {h['best_fixed']} "
-                        f"{_f(h['best_fixed_speedup'])}x | {_f(h['ratio'])} | "
+                        f"| {cat} | {sampling} | {fmt(h['auto'])}x | {h['best_fixed']} "
+                        f"{fmt(h['best_fixed_speedup'])}x | {fmt(h['ratio'])} | "
                         f"{', '.join(h['faster_than_auto']) or 'none'} |"
                     )
             out.append("")
@@ -166,7 +155,7 @@ class Report:
                 "| category | sampling | configuration | pass@1 (Δ against plain, 95% CI) |",
                 "|---|---|---|---|",
             ]
-            out += [f"| {c} | {s_} | {spec} | {_pass_text(f)} |" for c, s_, spec, f in passed]
+            out += [f"| {c} | {s_} | {spec} | {pass_text(f)} |" for c, s_, spec, f in passed]
             out.append("")
         out += _by_prompt_lines(self.requests)
         if self.lossy:
@@ -192,11 +181,11 @@ class Report:
                         lo, hi = f["speedup_ci95"]
                         d = f.get("logprob_diff") or {}
                         out.append(
-                            f"| {cat} | {sampling} | {spec} | {_f(f['speedup_total'])}x | "
-                            f"{_f(lo)}–{_f(hi)} | {_f(f['acceptance_rate'])} | "
-                            f"{_f(f['mean_accepted_length'])} | {_f(d.get('mean'), '+.3f')} ± "
-                            f"{_f(d.get('se'), '.3f')} | {_f(100 * f['same_as_exact'], '.0f')}% | "
-                            f"{_f(100 * f['exact_prefix'], '.0f')}% | {_pass_text(f)} |"
+                            f"| {cat} | {sampling} | {spec} | {fmt(f['speedup_total'])}x | "
+                            f"{fmt(lo)}–{fmt(hi)} | {fmt(f['acceptance_rate'])} | "
+                            f"{fmt(f['mean_accepted_length'])} | {fmt(d.get('mean'), '+.3f')} ± "
+                            f"{fmt(d.get('se'), '.3f')} | {fmt(100 * f['same_as_exact'], '.0f')}% | "
+                            f"{fmt(100 * f['exact_prefix'], '.0f')}% | {pass_text(f)} |"
                         )
             out.append("")
         return "\n".join(out)
@@ -212,55 +201,50 @@ def _json(x):
     return str(x)
 
 
-def _f(x, spec=".2f", none="-") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return none
-    return format(x, spec)
+def _bound(run: dict) -> str:
+    bound = run.get("near_tie_below")
+    if bound == -math.inf:
+        return "none in exact mode, where every divergence fails"
+    return fmt(bound, ".3f", "not recorded")
 
 
-def _equiv(f: dict) -> str:
+def _equiv(spec: str, f: dict) -> str:
+    """A configuration's exactness in words: greedy, how many texts were identical to plain's
+    and the top-2 gaps where the others parted; sampled, the log-probability test."""
+    if spec == "plain":
+        return "the reference"
     if "greedy_match_rate" in f:
-        return f"{100 * f['greedy_match_rate']:.0f}%" + ("" if f["equivalence_ok"] else " FAIL")
+        n, divs = f["requests"], f["divergences"]
+        near = [d for d in divs if d["near_tie"]]
+        bad = [d for d in divs if not d["near_tie"]]
+        out = f"identical to plain on {n - len(divs)} of {n}"
+        out += f"; {len(near)} parted at near-ties (top-2 gap {gap_list(near)})" if near else ""
+        return out + (f"; {len(bad)} FAILED (top-2 gap {gap_list(bad)})" if bad else "")
     if "logprob_diff" in f:
-        flag = {True: "", False: " FAIL", None: " (n<5)"}[f["equivalence_ok"]]
-        return f"z={f['logprob_diff']['z']:+.1f}" + flag
-    return "-"
-
-
-def _row(spec: str, f: dict) -> str:
-    lo, hi = f["speedup_ci95"]
-    ci = f"{_f(lo)}-{_f(hi)}" if spec != "plain" else "-"
-    return (
-        f"{spec:16} {_f(f['speedup_total']) + 'x':>8} {ci:>11} {_f(f['speedup_median']):>6} "
-        f"{_f(f['speedup_e2e']):>5} {_f(f['acceptance_rate']):>8} "
-        f"{_f(f['mean_accepted_length']):>5} "
-        f"{_f(f['goodput_tokens_per_ms'], '.4f'):>7} {_f(f['ttft_ms'], '.0f'):>8} "
-        f"{_f(100 * (f['draft_share'] or 0), '.0f'):>6} {_f(100 * (f['verify_share'] or 0), '.0f'):>7} "
-        f"{_equiv(f):>6}"
-    )
-
-
-def _lossy_line(spec: str, f: dict) -> str:
-    d = f.get("logprob_diff") or {}
-    passed = f"  pass@1 {_pass_text(f)}" if "pass_at_1" in f else ""
-    return (
-        f"{spec:32} {_f(f['speedup_total'])}x  acc.rate {_f(f['acceptance_rate'])}  "
-        f"Δlogprob {_f(d.get('mean'), '+.3f')}  same as exact {_f(100 * f['same_as_exact'], '.0f')}%"
-        f"{passed}"
-    )
+        d = f["logprob_diff"]
+        judged = {True: "within noise", False: "FAILED", None: f"{d['n']} prompts: 5 to judge"}
+        return f"Δ log-prob z={d['z']:+.1f}, {judged[f['equivalence_ok']]}"
+    return "timed only (another library or mode)"
 
 
 def _md_row(spec: str, f: dict) -> str:
     lo, hi = f["speedup_ci95"]
-    alpha = " ".join(_f(a) for a in f["alpha_per_position"]) or "-"
+    if spec == "plain":
+        ci = "the reference"
+    elif math.isnan(lo):
+        ci = f"{f['prompts']} prompt: none"
+    else:
+        ci = f"{fmt(lo)}–{fmt(hi)}"
+    alpha = " ".join(fmt(a) for a in f["alpha_per_position"]) or "no drafts"
     split = "/".join(
-        _f(100 * (f[k] or 0), ".0f") for k in ("draft_share", "verify_share", "overhead_share")
+        fmt(100 * (f[k] or 0), ".0f") for k in ("draft_share", "verify_share", "overhead_share")
     )
     return (
-        f"| {spec} | {_f(f['speedup_total'])}x | {_f(lo)}–{_f(hi)} | {_f(f['speedup_median'])} | "
-        f"{_f(f['speedup_e2e'])} | {_f(f['acceptance_rate'])} | {_f(f['mean_accepted_length'])} | {alpha} | "
-        f"{_f(f['goodput_tokens_per_ms'], '.4f')} | {_f(f['ttft_ms'], '.0f')} | {split} % | "
-        f"{_equiv(f)} |"
+        f"| {spec} | {fmt(f.get('decode_tokens_per_s'), '.1f')} | {fmt(f['speedup_total'])}x | "
+        f"{ci} | {fmt(f['speedup_median'])} | {fmt(f['speedup_e2e'])} | "
+        f"{fmt(f['acceptance_rate'], '.2f', 'no drafts')} | {fmt(f['mean_accepted_length'])} | "
+        f"{alpha} | {fmt(f['goodput_tokens_per_ms'], '.4f')} | {fmt(f['ttft_ms'], '.0f')} | "
+        f"{split} % | {_equiv(spec, f)} |"
     )
 
 
@@ -293,7 +277,7 @@ def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
     lo, hi = f["speedup_ci95"]
     prompts = f.get("prompts", 0)
     on = not math.isnan(lo) and lo > 1.0
-    measured = f"{best} at {_f(f['speedup_total'])}x plain"
+    measured = f"{best} at {fmt(f['speedup_total'])}x plain"
     if math.isnan(lo):  # one prompt: a ratio, but no spread to judge it by
         verdict = (
             f"not enough prompts to decide ({prompts or 'one'} prompt, no interval; "
@@ -306,7 +290,7 @@ def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:
         )
         text = (
             f"{verdict}; best goodput (decode, draft prefill included): {measured} "
-            f"(95% CI over {prompts} prompts {_f(lo)}–{_f(hi)})"
+            f"(95% CI over {prompts} prompts {fmt(lo)}–{fmt(hi)})"
         )
     return {
         "best": best if on else "plain",
@@ -322,7 +306,9 @@ def _baseline_line(by_spec: dict[str, dict]) -> str:
     """'over plain on llama_cpp: plain 1.45x, auto 1.60x, ...' (a baseline ran)."""
     base = baseline(by_spec)
     return f"over {base}: " + ", ".join(
-        f"{spec} {_f(f.get('speedup_vs_baseline'))}x" for spec, f in by_spec.items() if spec != base
+        f"{spec} {fmt(f.get('speedup_vs_baseline'))}x"
+        for spec, f in by_spec.items()
+        if spec != base
     )
 
 
@@ -346,7 +332,7 @@ def _by_prompt_lines(requests: dict[str, dict[str, list[dict]]]) -> list[str]:
         ]
         for pid, cells in rows.items():
             text = [
-                f"{_f(c['speedup'])}x ({_f(c['acceptance_rate'])})" if c else "-"
+                f"{fmt(c['speedup'])}x ({fmt(c['acceptance_rate'])})" if c else "-"
                 for c in (cells.get(spec) for spec in specs)
             ]
             out.append(f"| {pid} | " + " | ".join(text) + " |")

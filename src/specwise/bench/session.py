@@ -1,9 +1,10 @@
 """One `specwise bench` run: pick prompts, run the matrix with a progress bar, write
-rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the table, the
-recommendations and the report's path (and, with `json_line`, the compact summary as one JSON
-line last, for machines). It loads nothing itself: it gets the models from its caller. `rebuild`
-makes the same outputs again from a run's JSONL files (after the report changes, or to
-look at a run that was stopped part way)."""
+rounds.jsonl / requests.jsonl / summary.json / report.md and the plots, print the tables for
+people (a table per sampling, exactness, one verdict line: `bench.console`) and the report's
+path (and, with `json_line`, the compact summary as one JSON line last, for machines). It
+loads nothing itself: it gets the models from its caller. `rebuild` makes the same outputs
+again from a run's JSONL files (after the report changes, or to look at a run that was stopped
+part way)."""
 
 from __future__ import annotations
 
@@ -134,25 +135,17 @@ def _read_jsonl(path: Path) -> list[dict]:
 def publish(
     records: list[dict], rounds: list[dict], run: dict, out: Path, stream, json_line: bool = False
 ) -> Report:
-    """Aggregate, write summary.json, report.md and the plots into `out`, print the table,
-    any equivalence failure, the report's path and, with json_line, the compact summary as one
+    """Aggregate, write summary.json, report.md and the plots into `out`, print the tables
+    for people (`Report.table`: a table per sampling, exactness, the verdict, which names any
+    equivalence failure), the report's path and, with json_line, the compact summary as one
     JSON line (it is in summary.json either way)."""
     report = build(records, rounds, run)
     report.write(out)
     plots = write_plots(report.figures, out, report.requests)
-    print(report.table(), file=stream)
-    failed = [
-        f"{cat} · {s} · {spec}"
-        for cat, by_s in report.figures.items()
-        if cat != "all"
-        for s, by_spec in by_s.items()
-        for spec, f in by_spec.items()
-        if f.get("equivalence_ok") is False
-    ]
-    if failed:
-        print("EQUIVALENCE CHECK FAILED for: " + "; ".join(failed), file=stream)
+    print(report.table(), file=stream)  # ends with the verdict, which names any failure
+    failed = report.failures()
     print(
-        f"\nreport: {out / 'report.md'} (summary.json; plots: {', '.join(p.name for p in plots)})",
+        f"report: {out / 'report.md'} (summary.json; plots: {', '.join(p.name for p in plots)})",
         file=stream,
     )
     if not json_line:
