@@ -1,6 +1,7 @@
 """`specwise bench`: its flags and the run of speculative configurations against plain
 decoding, and the subcommands that measure one piece of this machine or read a run back:
-`backend`, `batch`, `suffix`, `report`, `steps`.
+`backend`, `batch`, `suffix`, `report`, `steps`, and `headline` (BENCHMARKS.md's headline from
+the committed run summaries).
 
 It makes `bench`'s subcommand parsers; `bench_replay`, `bench_adapt` and `bench_servers` add
 theirs (each subcommand runs its own function), and it imports none of them. It measures
@@ -151,6 +152,18 @@ def _bench_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_headline(a: argparse.Namespace) -> int:
+    from specwise.bench import headline
+
+    text = headline.markdown(headline.load(Path(a.source)))
+    if a.into:
+        headline.into(Path(a.into), text)
+        print(f"headline written into {a.into}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
 def _bench_steps(a: argparse.Namespace) -> int:
     from specwise.bench.steps import table
 
@@ -253,6 +266,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     br.add_argument("folder", help="the run's --out folder")
     br.add_argument("--json", action="store_true", help="end stdout with the summary as JSON")
     br.set_defaults(func=_bench_report)
+    bh = bsub.add_parser(
+        "headline",
+        help="BENCHMARKS.md's headline (specwise against mainline llama.cpp and llama-server, "
+        "each machine kind measured) as markdown, from the committed run summaries",
+    )
+    bh.add_argument(
+        "--from",
+        dest="source",
+        default="benchmarks",
+        help="the folder of run summaries, one JSON file a run (default benchmarks)",
+    )
+    bh.add_argument("--into", help="replace the headline section of this file (BENCHMARKS.md)")
+    bh.set_defaults(func=_bench_headline)
     bp = bsub.add_parser(
         "steps",
         help="a trace's step accounting: what auto's speculative steps saved, by batch size",
