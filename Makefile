@@ -18,7 +18,7 @@ else
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON
 endif
 
-.PHONY: install test demo soak external native browser lint bench clean eagle-layer
+.PHONY: install test demo soak external native browser lint bench clean eagle-layer docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ browser:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/lint-imports
+
+# The generated docs: the command reference from the parser (tests/test_reference.py fails
+# while docs/COMMANDS.md differs from it) and BENCHMARKS.md's headline from benchmarks/*.json.
+docs: $(STAMP)
+	$(PY) -m specwise.cli.reference > docs/COMMANDS.md
+	$(VENV)/bin/specwise bench headline --into BENCHMARKS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache
