@@ -451,3 +451,19 @@ def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default():
     assert drafters("--k", "4") == (["model", "ngram"], ["model", "ngram"])
     assert drafters("--drafter", "ngram,heads") == (["ngram", "heads"], None)
     assert drafters("--fixed-drafter", "ngram") == (["ngram", "suffix", "model"], ["ngram"])
+
+
+def test_quick_runs_auto_alone_against_plain_which_is_what_its_verdict_reads():
+    """`bench --quick` (make demo): one prompt a category, 64 tokens, k=auto and plain (with
+    the mainline baseline where the target is on ik_llama); flags given beside it win."""
+    from specwise.cli import build_parser
+    from specwise.cli.bench import _quick
+
+    a = build_parser().parse_args(["bench", "--quick"])
+    _quick(a)
+    assert (a.limit, a.max_tokens, a.k) == (1, 64, ["auto"])
+    a = build_parser().parse_args(["bench", "--quick", "--k", "4,auto", "--limit", "2"])
+    _quick(a)
+    assert (a.limit, a.k) == (2, [4, "auto"])
+    runner = Runner(ToyLM(vocab=12, seed=0), None, Options(drafters=["ngram"], ks=a.k[1:]))
+    assert list(runner.engines) == ["plain", "auto"]
