@@ -10,8 +10,9 @@ import re
 from specwise.bench.report import build
 from specwise.prompts import CATEGORIES
 
-# --quick on the default pair: plain, the mainline baseline, k=4 for the draft model and the
-# n-gram drafter, and auto; one prompt per category at each category's own sampling.
+# --quick's prompts on the default pair (one per category, at each category's own sampling) and
+# its configurations (plain, the mainline baseline, auto), with the fixed k=4 configurations of
+# the draft model and the n-gram drafter that a fuller run adds beside them.
 SPECS = ["plain", "plain on llama_cpp", "model k=4", "ngram k=4", "auto"]
 DECODE_MS = {"plain": 4000, "plain on llama_cpp": 4600, "model k=4": 4200, "ngram k=4": 3800}
 RUN = {"command": "test", "near_tie_below": 0.12, "numeric_noise": {"logit": 0.1, "top2_gap": 0.06}}
