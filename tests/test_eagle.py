@@ -497,3 +497,24 @@ def test_the_targets_output_rows_and_final_norm_are_read_from_its_file(smollm2, 
     assert np.isfinite(rows).all() and 0.1 < float(np.abs(norm).mean()) < 100
     torch_lm = TorchLM(tiny_llama(vocab=16, seed=0, layers=2), hidden=True)
     assert weights.final_norm(torch_lm).shape == (torch_lm.hidden_size,)
+
+
+def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):
+    """The batch's regression targets are the target's top states one position further per
+    depth, and a layer whose predicted states equal them pays no regression."""
+    import torch
+
+    _target, data = _toy_data(tmp_path / "data", 8)
+    layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=3)
+    where = np.arange(6)
+    a, e = int(data.starts[0]), int(data.starts[0] + 10)
+    s, t, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
+    states = data.states(a, a + 13).astype(np.float32)
+    for j in range(3):
+        np.testing.assert_array_equal(tops[j, 0].numpy(), states[1 + j : 11 + j, -36:])
+    logits = [torch.zeros(1, 10, 6) for _ in range(3)]
+    no_reg = eagle_training._loss(logits, cols, wts)
+    same = eagle_training._loss(logits, cols, wts, [tops[j] for j in range(3)], tops)
+    assert float(same) == pytest.approx(float(no_reg))
+    off = eagle_training._loss(logits, cols, wts, [tops[j] + 1.0 for j in range(3)], tops)
+    assert float(off) > float(no_reg)

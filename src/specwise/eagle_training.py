@@ -10,7 +10,11 @@
   not trained on, the position teaches nothing at that depth).
 - **Training-time test** (`LayerModule.unroll`): depth j >= 2 runs the layer on its own
   feature from depth j - 1, attending to the committed positions and to its own path, as it
-  drafts; the loss is a weighted mean of the depths' soft cross-entropies (`DEPTH_WEIGHT`^(j-1)).
+  drafts; the loss is a weighted mean of the depths' soft cross-entropies (`DEPTH_WEIGHT`^(j-1)),
+  each with `REGRESSION` times the distance of the depth's predicted state ŝ to the target's
+  own top state where the label is (EAGLE's feature regression: a dense target that the
+  next depth reads; measured on 70k positions, α1 on the bench answers 0.227 against 0.216
+  without it, α2 0.161 against 0.151).
 - **Data size** (`training_sequences`): all the training sequences, or a fixed random
   subset of about n positions that every larger subset contains (the learning curve's).
 - **Schedule**: AdamW at `lr`, a short warm-up, then down linearly to a tenth over the time
@@ -51,7 +55,8 @@ __all__ = ["DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate
 
 WINDOW = 512  # most positions of one training window
 DEPTH_WEIGHT = 0.8  # depth j's loss weighs DEPTH_WEIGHT ** (j - 1)
-LR = 1e-3
+REGRESSION = 1.0  # the predicted state's distance to the target's, beside the cross-entropy
+LR = 2e-3
 FINAL_LR = LR / 10  # where the schedule ends: the rate the server adapts the layer at
 WARMUP = 50  # steps
 CHECKPOINT_S = 300.0
@@ -87,21 +92,29 @@ def _windows(data: Data, sequences: np.ndarray, rng: np.random.Generator | None)
 
 
 def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
-    """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1], and per
-    depth j the label columns [B, L, K] (indices into the reduced vocabulary, 0 where none)
-    with their weights [B, L, K] (renormalised probabilities; all 0: no label)."""
+    """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1], per depth j
+    the label columns [B, L, K] (indices into the reduced vocabulary, 0 where none) with
+    their weights [B, L, K] (renormalised probabilities; all 0: no label), and the target's
+    top state at each position's depth-j successor [depth, B, L, d] (zero past the
+    sequence's end: `_loss` reads it where the label's weights are)."""
     import torch
 
     width = max(e - a for a, e in windows)
     n_ids = len(layer.ids)
+    d = layer.hidden_size
     s = torch.zeros(len(windows), width, layer.state_size)
     t = torch.full((len(windows), width + depth - 1), n_ids, dtype=torch.long)
     cols = torch.zeros(depth, len(windows), width, data.label_ids.shape[1], dtype=torch.long)
     wts = torch.zeros(depth, len(windows), width, data.label_ids.shape[1])
+    tops = torch.zeros(depth, len(windows), width, d)
     for b, (a, e) in enumerate(windows):
         m = e - a
-        s[b, :m] = torch.from_numpy(data.states(a, e).astype(np.float32))
         seq_end = _sequence_end(data, a)
+        ahead = torch.from_numpy(data.states(a, min(seq_end, e + depth)).astype(np.float32))
+        s[b, :m] = ahead[:m]
+        for j in range(depth):  # the state that predicts the depth-j label, at i + 1 + j
+            nxt = ahead[1 + j : m + 1 + j, -d:]
+            tops[j, b, : len(nxt)] = nxt
         nxt = data.tokens[a + 1 : min(seq_end, e + depth - 1 + 1)]
         t[b, : len(nxt)] = torch.from_numpy(layer.index(nxt))
         for j in range(depth):
@@ -115,7 +128,7 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
             p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
             cols[j, b, : hi - lo] = torch.from_numpy(red.clip(min=0))
             wts[j, b, : hi - lo] = torch.from_numpy(p)
-    return s, t, cols, wts
+    return s, t, cols, wts, tops
 
 
 def _sequence_end(data: Data, position: int) -> int:
@@ -123,9 +136,11 @@ def _sequence_end(data: Data, position: int) -> int:
     return int(data.starts[q] + data.lengths[q])
 
 
-def _loss(logits: list, cols, wts):
-    """The weighted mean over depths of the soft cross-entropy at labelled positions; None
-    where no position has a label."""
+def _loss(logits: list, cols, wts, predicted: list | None = None, tops=None):
+    """The weighted mean over depths of the soft cross-entropy at labelled positions, plus
+    `REGRESSION` times the smooth-L1 distance between each depth's predicted state and the
+    target's own (both RMS-normalised) where they are given; None where no position has a
+    label."""
     import torch
 
     total, weight = 0.0, 0.0
@@ -135,9 +150,19 @@ def _loss(logits: list, cols, wts):
             continue
         logp = torch.log_softmax(lg[has], dim=-1)  # [n, N]
         ce = -(torch.gather(logp, 1, cols[j][has]) * wts[j][has]).sum(-1).mean()
+        if predicted is not None:
+            ce = ce + REGRESSION * torch.nn.functional.smooth_l1_loss(
+                _rms(predicted[j][has].float()), _rms(tops[j][has])
+            )
         total = total + DEPTH_WEIGHT**j * ce
         weight += DEPTH_WEIGHT**j
     return None if weight == 0 else total / weight
+
+
+def _rms(x):
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
 def training_sequences(data: Data, positions: int | None = None) -> np.ndarray:
@@ -243,15 +268,15 @@ def train(
             if len(windows) < batch:
                 windows.extend(_windows(data, rng.permutation(fit), rng))
             chosen, windows = windows[:batch], windows[batch:]
-            s, t, cols, wts = _batch(layer, data, chosen, where, depth)
+            s, t, cols, wts, tops = _batch(layer, data, chosen, where, depth)
             half = bf16 if bf16 is not None else len(timed[False]) > len(timed[True])
             t0 = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half), \
                     warnings.catch_warnings():
                 # RMSNorm's bf16 input beside its float32 weight: the unfused path, as intended
                 warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
-                logits = module.unroll(s, t, depth)
-            loss = _loss([x.float() for x in logits], cols, wts)
+                logits, predicted = module.unroll(s, t, depth, states=True)
+            loss = _loss([x.float() for x in logits], cols, wts, predicted, tops)
             if loss is None:
                 continue
             for g in opt.param_groups:
@@ -317,7 +342,7 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                 break
             meta = data.meta[q]
             for a, e in _windows(data, np.array([q]), None):
-                s, t, _, _ = _batch(layer, data, [(a, e)], where, depth)
+                s, t, _, _, _ = _batch(layer, data, [(a, e)], where, depth)
                 logits = layer.module.unroll(s, t, depth)
                 m = e - a
                 end = _sequence_end(data, a)

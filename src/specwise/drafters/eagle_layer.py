@@ -301,11 +301,12 @@ def _module_class():
             return self.out(self.norm3(state)), state
 
         # -- training ------------------------------------------------------------------------
-        def unroll(self, s, t, depth: int):
+        def unroll(self, s, t, depth: int, states: bool = False):
             """Training-time test over answers: states s [B, L, S], token indices t [B, L + depth - 1]
             (t[:, i] follows position i; then the tokens after them); returns the logits
             [B, L, n_ids] of each draft depth 1..depth (depth j at position i predicts the
-            token after t[:, i + j - 1])."""
+            token after t[:, i + j - 1]), and with `states` also each depth's predicted state
+            ŝ [B, L, d] (depth j at i: the target's top state at i + j, as it would be)."""
             L = s.shape[1]
             causal = torch.ones(L, L, dtype=torch.bool).tril()
             f = self.features(s)
@@ -313,7 +314,7 @@ def _module_class():
             q, k0, v0 = self.qkv_of(u)
             a = self.finish(u, attend(q, k0, v0, causal))
             logits, state = self.predict(a, self.top(s))
-            out = [logits]
+            out, predicted = [logits], [state]
             chain_k, chain_v = [], []
             for j in range(1, depth):
                 u = self.inputs(a, t[:, j : j + L])
@@ -324,7 +325,8 @@ def _module_class():
                 a = self.finish(u, attend(q, k0, v0, causal, ck, cv))
                 logits, state = self.predict(a, state)
                 out.append(logits)
-            return out
+                predicted.append(state)
+            return (out, predicted) if states else out
 
         def forward(self, s, t):  # depth 1 only: [B, L, S], [B, L] -> logits [B, L, n_ids]
             return self.unroll(s, t, 1)[0]
