@@ -57,18 +57,28 @@ def _default_drafters(draft: bool, auto: bool, eagle: bool = False) -> list[str]
 
 
 def _eagle_by_default(a: argparse.Namespace) -> bool:
-    """Whether the eagle drafter is among the defaults: a layer is trained here or shipped
-    for the target (`eagle.find`), and the backend asked for can read the target's layers
-    (ik_llama or torch; `auto` too: where it picks mainline, `_load_models` drops it)."""
-    from specwise.backends import resolve_model
+    """Whether the eagle drafter is among the defaults: a layer that loads is trained here or
+    shipped for the target (`eagle.find`; found by the target's key, so a catalog model is
+    not pulled to ask), and the backend asked for can read the target's layers (ik_llama or
+    torch; `auto` too: where it picks mainline, `_load_drafting` drops it). The layer loaded
+    is kept for `_trained`; one that does not load is passed over in one line. Not in exact
+    mode, where drafting on the layer states has not been checked."""
     from specwise.drafters import eagle
 
-    if a.backend == "llama_cpp" or not a.target:
+    if a.backend == "llama_cpp" or not a.target or getattr(a, "exact", False):
         return False
     try:
-        return eagle.find(resolve_model(a.target)) is not None
+        path = eagle.find(a.target)
     except (ValueError, OSError):  # a bad target is said where the models load
         return False
+    if path is None:
+        return False
+    try:
+        a.eagle_layer = eagle.Layer.load(path)
+    except ValueError as exc:
+        print(f"specwise: drafting without the eagle layer: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
@@ -167,6 +177,8 @@ def _trained(a: argparse.Namespace, arch: str):
     _apply_pair(a)
     model = resolve_model(a.target)
     if arch == "eagle":
+        if getattr(a, "eagle_layer", None) is not None:  # loaded by `_eagle_by_default`
+            return a.eagle_layer
         path = eagle.find(model)
         if path is None:
             raise UsageError(

@@ -51,13 +51,15 @@ FORMAT = 1  # the file's layout version
 
 
 def model_key(path: str | Path) -> str:
-    """What heads are kept under for a target: the catalog's sha256 where the file is a pulled
-    catalog model, else the sha256 of a GGUF file's size and first and last MiB (a full hash
+    """What heads are kept under for a target: the catalog's sha256 where it is a catalog
+    model (its name, or its pulled file), else the sha256 of a GGUF file's size and first and last MiB (a full hash
     of a 1 GB file takes seconds at every start), or of a folder's file fingerprint."""
     import hashlib
 
     from specwise.models import CATALOG, model_path
 
+    if str(path) in CATALOG and not Path(path).exists():  # a catalog name: pulled or not
+        return CATALOG[str(path)].sha256
     path = Path(path).resolve()
     if path.is_dir():  # a Hugging Face folder: its files' names, sizes and times
         from specwise.backends.base import file_fingerprint
