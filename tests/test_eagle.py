@@ -508,7 +508,7 @@ def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):
     layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=3)
     where = np.arange(6)
     a, e = int(data.starts[0]), int(data.starts[0] + 10)
-    s, t, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
+    _, _, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
     states = data.states(a, a + 13).astype(np.float32)
     for j in range(3):
         np.testing.assert_array_equal(tops[j, 0].numpy(), states[1 + j : 11 + j, -36:])
