@@ -518,3 +518,23 @@ def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):
     assert float(same) == pytest.approx(float(no_reg))
     off = eagle_training._loss(logits, cols, wts, [tops[j] + 1.0 for j in range(3)], tops)
     assert float(off) > float(no_reg)
+
+
+def test_an_unsure_layer_grows_no_level_below_the_floor():
+    """Nodes whose cumulative probability is under FLOOR get no children: a layer that is
+    uniform over 200 tokens (each 1/200) drafts its first level only, with no second call."""
+    import torch
+
+    from specwise.drafters.eagle_layer import FLOOR
+
+    layer = Layer(8, LAYERS, list(range(200)), 200, width=8, depth=4)
+    with torch.no_grad():
+        layer.module.out.weight.zero_()
+    layer.publish()
+    cache = layer.new_cache()
+    root = layer.read(cache, np.ones((2, 24), np.float32), [1, 2])
+    calls = []
+    expand = cache.net.expand
+    cache.net.expand = lambda *a: calls.append(1) or expand(*a)
+    tree = propose_tree(layer, cache, root, 12, 3)
+    assert 1 / 200 < FLOOR and tree.parents == [-1, -1, -1] and not calls

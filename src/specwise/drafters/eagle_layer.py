@@ -29,7 +29,8 @@ layer's probabilities along the path) are expanded, each with its `beam` most li
 children, in one call of the layer; after `depth` levels every node is ranked by its
 cumulative probability and the draft is the best k of them, a parent before its children
 (its cumulative probability is at least theirs). So the draft's first m tokens are the best
-m-token tree: the controller, which takes a prefix of an offer, sizes the tree from the
+m-token tree (a node below `FLOOR` gets no children, so an unsure layer spends little): the
+controller, which takes a prefix of an offer, sizes the tree from the
 layer's calibrated confidences (each token's probability given its parent) as it prices every
 drafter. The tree is a point mass, verified by the exact tree rules; on a target that takes no
 trees (`LM.trees` False) the draft is the best chain (beam 1).
@@ -50,12 +51,16 @@ import numpy as np
 
 from specwise.drafters.heads import check_vocab, load_state, save_state, vocab_index
 
-__all__ = ["ATTENTION_HEADS", "BEAM", "DEPTH", "FORMAT", "Cache", "Layer", "Tree", "propose_tree"]
+__all__ = ["ATTENTION_HEADS", "BEAM", "DEPTH", "FLOOR", "FORMAT", "Cache", "Layer", "Tree", "propose_tree"]
 
 FORMAT = 3  # the file's layout (1: over the final state alone; 2: Out at the layer's width)
 ATTENTION_HEADS = 8
 BEAM = 3  # nodes expanded a level, and children of each
 DEPTH = 4  # draft levels (the depth it was trained to)
+# A node whose cumulative probability is below FLOOR gets no children: each would add at most
+# FLOOR expected tokens, less than one more verified token costs on any backend measured here
+# (ik_llama's cheapest, ~0.15 of a step on Zen 2-5), so the controller would cut it anyway.
+FLOOR = 0.02
 
 
 class Layer:
@@ -410,7 +415,10 @@ def propose_tree(layer: Layer, cache: Cache, root, k: int, beam: int) -> Tree:
         chain_v = torch.zeros(len(level), 0, heads, d)
         parent_row = list(range(len(level)))  # each level node's row in feats / chains
         for depth in range(2, layer.depth + 1):
-            best = sorted(level, key=lambda i: -nodes[i][3])[:beam]
+            best = [i for i in sorted(level, key=lambda i: -nodes[i][3])[:beam]
+                    if nodes[i][3] >= FLOOR]
+            if not best:  # no node worth a child: the level's call is not made
+                break
             rows = [parent_row[level.index(i)] for i in best]
             toks = torch.tensor([nodes[i][1] for i in best])
             a, st, lg, ck, cv = net.expand(
