@@ -121,3 +121,25 @@ def test_a_ctrl_c_during_a_forward_with_layer_states_is_raised_after_it_not_lost
     assert went_on and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with interrupts_after():  # none held: nothing raised
         pass
+
+
+def test_mainline_logits_are_the_same_with_hidden_states_as_without(smollm2_path):
+    """A mainline context that computes embeddings outputs every token, so a prefill's last
+    row must be looked up by its index: it was read from the buffer's start (the first
+    token's logits), and the heads drafter's greedy text parted from plain's at once."""
+    from specwise.backends.llama_cpp import LlamaCppLM
+
+    plain = LlamaCppLM(smollm2_path, context_length=256, max_sequences=2)
+    hidden = LlamaCppLM(smollm2_path, context_length=256, max_sequences=2, hidden=True)
+    prompt = [10 + (7 * i) % 200 for i in range(40)]
+    for lm in (plain, hidden):
+        lm.forward([(1, prompt[:7])])
+    calls = [
+        ([(0, prompt)], {"last_only": True}),
+        ([(0, [5, 6, 7]), (1, [8])], {}),
+        ([(0, [9, 10, 11])], {"rows": [2]}),
+    ]
+    for batch, kw in calls:
+        want, got = plain.forward(batch, **kw), hidden.forward(batch, **kw)
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_array_equal(g, w)

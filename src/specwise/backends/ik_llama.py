@@ -119,12 +119,12 @@ class IkLlamaLM(LlamaCppLM):
         )
         cparams.cb_eval = ctypes.cast(self._tap.callback, ctypes.c_void_p).value
 
-    def _hidden_rows(self, ctx, n: int) -> np.ndarray:
-        rows = self._tap.take()
-        if rows.shape[0] != n:
+    def _hidden_rows(self, ctx, at: Sequence[int]) -> np.ndarray:
+        rows = self._tap.take()  # the tap's rows are the call's outputs (or all tokens) in order
+        if rows.shape[0] != len(at):
             raise RuntimeError(
                 f"ik_llama computed hidden states for {rows.shape[0]} rows of a call that asked "
-                f"for {n}"
+                f"for {len(at)}"
             )
         return rows
 

@@ -114,6 +114,8 @@ class LlamaCppLM:
     the methods a subclass for another llama.cpp library overrides; the rest (slots, batches,
     logits rows, rollback) is shared."""
 
+    _embeddings = False  # the contexts compute embeddings: every token is an output
+
     backend = "llama_cpp"
     exact_width = 1  # most tokens of a sequence per pass in exact mode (module docstring)
 
@@ -234,11 +236,23 @@ class LlamaCppLM:
             )
         cparams.embeddings = True
         cparams.pooling_type = self._lib.LLAMA_POOLING_TYPE_NONE
+        self._embeddings = True
 
-    def _hidden_rows(self, ctx, n: int) -> np.ndarray:
-        """The hidden states [n, hidden_size] of the last decode's n output rows."""
-        ptr = self._lib.llama_get_embeddings(ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.hidden_size)).copy()
+    def _logit_rows(self, ctx, at: Sequence[int]) -> np.ndarray:
+        """The logits [len(at), V] of the last decode's tokens at batch indices `at` (those
+        it asked rows for). A context that computes embeddings outputs every token, so its
+        rows are looked up by index, not read from the start of the buffer."""
+        if not self._embeddings:
+            ptr = self._lib.llama_get_logits(ctx)
+            return np.ctypeslib.as_array(ptr, shape=(len(at), self.vocab_size)).copy()
+        get = self._lib.llama_get_logits_ith
+        return np.stack([np.ctypeslib.as_array(get(ctx, i), shape=(self.vocab_size,)) for i in at])
+
+    def _hidden_rows(self, ctx, at: Sequence[int]) -> np.ndarray:
+        """The hidden states [len(at), hidden_size] of the last decode's tokens at batch
+        indices `at` (every token is an output of a context that computes embeddings)."""
+        get = self._lib.llama_get_embeddings_ith
+        return np.stack([np.ctypeslib.as_array(get(ctx, i), shape=(self.hidden_size,)) for i in at])
 
     def _seq_rm(self, slot: int, p0: int, p1: int) -> bool:
         ctx, s = self._cell(slot)
@@ -321,6 +335,7 @@ class LlamaCppLM:
         blocks: list[list[np.ndarray]] = [[] for _ in plan]  # per entry: blocks of logits rows
         hblocks: list[list[np.ndarray]] = [[] for _ in plan]  # and of hidden states (hidden=True)
         outputs: list[int] = []  # entry of each logits row of the pending call
+        out_at: list[int] = []  # and that row's index in the call's batch
         fed: list[int] = []  # entry of each token of the pending call
         fill = 0
         ctx = None  # the context of the pending call
@@ -335,15 +350,15 @@ class LlamaCppLM:
                 raise RuntimeError(f"llama_decode failed with code {rc} ({why})")
             t = time.perf_counter()
             if outputs and not self._no_logits:
-                ptr = lib.llama_get_logits(ctx)
                 # Copy now: the next decode overwrites llama.cpp's buffer. [n_out, V]
-                got = np.ctypeslib.as_array(ptr, shape=(len(outputs), self.vocab_size)).copy()
-                _split_rows(got, outputs, blocks)
+                _split_rows(self._logit_rows(ctx, out_at), outputs, blocks)
             if self.hidden_size and (outputs or every):
                 rows = fed if every else outputs
-                _split_rows(self._hidden_rows(ctx, len(rows)), rows, hblocks)
+                at = list(range(len(fed))) if every else out_at
+                _split_rows(self._hidden_rows(ctx, at), rows, hblocks)
             self.copy_ms += (time.perf_counter() - t) * 1000.0
             outputs.clear()
+            out_at.clear()
             fed.clear()
             fill = 0
 
@@ -375,6 +390,7 @@ class LlamaCppLM:
                     b.logits[fill] = want
                     if want:
                         outputs.append(e)
+                        out_at.append(fill)
                     fed.append(e)
                     fill += 1
             decode()
