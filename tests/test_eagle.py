@@ -537,4 +537,4 @@ def test_an_unsure_layer_grows_no_level_below_the_floor():
     expand = cache.net.expand
     cache.net.expand = lambda *a: calls.append(1) or expand(*a)
     tree = propose_tree(layer, cache, root, 12, 3)
-    assert 1 / 200 < FLOOR and tree.parents == [-1, -1, -1] and not calls
+    assert FLOOR > 1 / 200 and tree.parents == [-1, -1, -1] and not calls
