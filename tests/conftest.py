@@ -60,7 +60,7 @@ def gguf_path(gguf_cls, smollm2_path):
 
 
 @pytest.fixture(scope="session")
-def gguf(gguf_cls, gguf_path):
+def gguf_session(gguf_cls, gguf_path):
     """That model on each GGUF backend, with 4 sequence slots where the backend computes
     several sequences in one cache correctly (ik_llama: where its batched probe passes),
     else 1."""
@@ -71,6 +71,35 @@ def gguf(gguf_cls, gguf_path):
         assert usable_flash_attn(gguf_path, batched=False) is not None, "probe refused it"
         slots = 4 if usable_flash_attn(gguf_path, batched=True) is not None else 1
     return gguf_cls(gguf_path, context_length=512, max_sequences=slots)
+
+
+@pytest.fixture
+def gguf(gguf_session):
+    """The session's GGUF model, every sequence a test left in its cache released after it
+    (a failed test must not fail the next ones for want of a slot)."""
+    yield gguf_session
+    for seq in range(16):
+        gguf_session.release(seq)
+    assert gguf_session.in_use() == 0, "a test used a sequence number above 15"
+
+
+@pytest.fixture(scope="session")
+def gguf_noise(gguf_session, gguf_path):
+    """How far this library's multi-token forwards round from its one-token ones on the
+    test model (`bench.runner.numeric_noise`): the largest change of a logit and of a top-2
+    gap. Where two call shapes are compared, the kernels may round differently by this much
+    (Gemma 3 on ik_llama: logits ~2.6 apart at worst), so a divergence is judged as the bench
+    judges one: at a near-tie or not."""
+    from specwise.bench.runner import numeric_noise
+
+    ids = gguf_session.tokenizer.encode(NOISE_TEXT)
+    return numeric_noise(gguf_session, ids)
+
+
+NOISE_TEXT = (
+    "Speculative decoding drafts several tokens cheaply and lets the target check them in "
+    "one forward; the output keeps the target's distribution exactly. " * 3
+)
 
 
 def needs_batches(lm) -> None:

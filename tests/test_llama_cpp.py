@@ -12,6 +12,8 @@ import pytest
 from conftest import needs_batches
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import LlamaCppLM
+from specwise.bench.runner import greedy_divergence
+from specwise.bench.ties import NEAR_TIE_FACTOR
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.drafters.suffix import SuffixDrafter
 from specwise.oracle import plain_decode
@@ -51,7 +53,7 @@ def test_tokenizer_round_trip_and_chat_template(gguf):
     assert gguf.info.backend == gguf.backend and gguf.threads >= 1
 
 
-def test_batched_equals_one_by_one_and_truncate_rolls_back(gguf):
+def test_batched_equals_one_by_one_and_truncate_rolls_back(gguf, gguf_noise):
     ids = gguf.tokenizer.encode(TEXT)
     full = gguf.forward([(0, ids)])[0]  # [n, V]
     assert full.shape == (len(ids), gguf.vocab_size) and full.dtype == np.float32
@@ -60,7 +62,8 @@ def test_batched_equals_one_by_one_and_truncate_rolls_back(gguf):
     np.testing.assert_allclose(again, full[5:], atol=1e-3)
     gguf.release(0)
     one = np.stack([gguf.forward([(0, [t])])[0][0] for t in ids])
-    assert (one.argmax(-1) == full.argmax(-1)).mean() >= 0.95
+    for a, b in zip(one, full, strict=True):  # the same token, or a near-tie of the kernels'
+        assert a.argmax() == b.argmax() or _gap(b) <= NEAR_TIE_FACTOR * gguf_noise["top2_gap"]
     corr = [float(np.corrcoef(a, b)[0, 1]) for a, b in zip(one, full, strict=True)]
     assert min(corr) > 0.99, corr  # rounding, not another computation
     gguf.release(0)
@@ -74,14 +77,13 @@ def test_rows_returns_the_first_logits_and_feeds_the_rest(gguf):
     gguf.truncate(1, 0)
     part = gguf.forward([(0, ids[:6]), (1, ids[6:])], rows=[2, 6])
     assert [x.shape[0] for x in part] == [2, 6]
-    np.testing.assert_allclose(part[0], full[0][:2], atol=1e-3)
-    np.testing.assert_allclose(part[1], full[1], atol=1e-3)
+    assert _close(part[0], full[0][:2]) and _close(part[1], full[1])  # fewer rows computed
     assert gguf.length(0) == 6  # the rows without logits were fed all the same
     after = gguf.forward([(0, ids[6:7])])[0]
     gguf.release(1)
     gguf.forward([(1, ids[:6])], last_only=True)  # the same calls, every row's logits
     whole = gguf.forward([(1, ids[6:7])])[0]
-    np.testing.assert_allclose(after, whole, atol=1e-3)
+    assert _close(after, whole)
     gguf.release(1)
     for bad in ([0, 1], [1], [1, 2]):
         with pytest.raises(ValueError, match=r"logits rows|row counts"):
@@ -100,13 +102,13 @@ def test_sequences_are_isolated(gguf):
     other = list(reversed(ids))
     both = gguf.forward([(8, other), (7, ids)], last_only=True)
     assert gguf.in_use() == 2
-    np.testing.assert_allclose(both[1], alone, atol=1e-3)
+    assert _close(both[1], alone)  # one row of logits computed, then two
     assert both[0].shape == (1, gguf.vocab_size)
     # grow sequence 8 further; 7 must not see it
     gguf.forward([(8, ids)])
     gguf.truncate(7, len(ids) - 1)
     again = gguf.forward([(7, ids[-1:])])[0]
-    np.testing.assert_allclose(again, alone, atol=1e-3)
+    assert _close(again, alone)
     gguf.release(7)
     assert gguf.in_use() == 1
     gguf.release(8)
@@ -132,8 +134,15 @@ def test_a_rollback_below_another_sequence_changes_nothing_for_it(gguf):
 
 
 def _close(a, b) -> bool:
-    """Rows of logits that are the same computation, up to the rounding of another call shape."""
+    """Rows of logits that are the same computation, up to the rounding of another call shape
+    (the kernels a library picks change with the number of rows: on ik_llama a logit may move
+    by ~0.5 between one row and two, so a tolerance on each logit would test the kernels)."""
     return min(float(np.corrcoef(x, y)[0, 1]) for x, y in zip(a, b, strict=True)) > 0.99
+
+
+def _gap(row) -> float:
+    top2 = np.sort(row)[-2:]
+    return float(top2[1] - top2[0])
 
 
 def test_a_tree_in_one_call_gives_each_path_its_own_logits(gguf):
@@ -253,7 +262,7 @@ def test_context_and_slot_errors(gguf_cls, gguf_path):
 
 @pytest.mark.parametrize("drafter", ["ngram", "suffix", "self"])
 @pytest.mark.parametrize("k", [2, 4])
-def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, drafter, k):
+def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, gguf_noise, drafter, k):
     prompt = gguf.tokenizer.encode("The numbers from 1 to 30: 1, 2, 3, 4,")
     params = SamplingParams(max_tokens=48)
     want = plain_decode(gguf, prompt, params)
@@ -266,9 +275,12 @@ def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, drafter, k):
         d = ModelDrafter(gguf_cls(gguf_path, context_length=512, max_sequences=1))
     got = Engine(gguf, d, k=k).generate(prompt, params)
     assert gguf.trees == any(r.depth is not None for r in got.rounds) or drafter != "suffix"
-    # llama.cpp may round a k+1-token forward differently from single-token ones; here (SmolLM2
-    # on mainline, Gemma 3 on ik_llama) the two agree, so the outputs must be identical.
-    assert got.tokens == want
+    # llama.cpp may round a k+1-token forward differently from single-token ones: the outputs
+    # are identical, or part where plain's top-2 gap is within the kernels' measured noise
+    # (as the bench judges a divergence; Gemma 3's numbers on a native ik_llama build do).
+    near_tie = NEAR_TIE_FACTOR * gguf_noise["top2_gap"]
+    parted = greedy_divergence(gguf, prompt, want, got.tokens, near_tie)
+    assert parted["match"] or parted["near_tie"], parted
 
 
 def test_bad_files_get_one_clear_error(gguf_cls, tmp_path, gguf_path):
