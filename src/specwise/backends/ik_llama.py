@@ -6,7 +6,8 @@ library runs on this CPU.
 It is `LlamaCppLM` with another library underneath; what differs:
 - run-time repacking of the weights (`repack_tensors`) is on, and flash attention where the
   probe allows it (contexts of one sequence): they are what make a forward of several tokens
-  cost little more than one on a CPU (BENCHMARKS.md §0);
+  cost little more than one on a CPU (BENCHMARKS.md §0); a context with flash attention takes
+  no trees (`_takes_trees`);
 - the KV cache is one pool of cells that every sequence shares, so a call of any shape runs as
   one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction),
   and a forward takes token trees (`LM.trees`); after every rollback or release the used
@@ -159,8 +160,11 @@ class IkLlamaLM(LlamaCppLM):
 
     def _takes_trees(self) -> bool:
         """Trees need one cache that every sequence shares (`LlamaCppLM`'s docstring): not in
-        exact mode (a context per sequence)."""
-        return not self.exact
+        exact mode (a context per sequence). Nor with flash attention: its kernel computes a
+        tree's rows from the wrong cells where the tree's cells straddle a multiple of 128
+        (a root and three children at cells 127-130: logits 9-17 apart from the same paths as
+        chains, both libraries; tests/test_llama_cpp.py), so drafts there go as chains."""
+        return not self.exact and not self.flash_attn
 
     def _close_gaps(self) -> None:
         """Move the used cells together (llama.cpp's defragmentation: 0.4 ms without gaps, 1-2
