@@ -48,7 +48,7 @@ soak: $(STAMP)
 	$(PY) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 # The eagle drafter's layer that specwise ships for the default target (src/specwise/trained/):
-# the target's data made (resumable, in $SPECWISE_HOME: ~3 hours on 2 cores for a million
+# the target's data made (resumable, in $SPECWISE_HOME: ~6 hours on 2 cores for a million
 # positions), one pass of training scored along the way (the learning curve), then shipped with
 # its manifest. Re-running goes on from where a stopped run left off.
 EAGLE_POSITIONS ?= 1100000

@@ -437,12 +437,11 @@ def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extr
 
 
 def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch
 ):
-    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix, the
-    eagle layer where one is trained or shipped for the target, and the draft model); the
-    numeric k's run the draft model and the n-gram drafter. A layer file that does not load
-    is passed over in one line, and asking does not pull the target."""
+    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix and
+    the draft model; not the eagle layer, even where one is trained); the numeric k's run the
+    draft model and the n-gram drafter. Asking does not pull the target."""
     from specwise.cli import build_parser
     from specwise.cli.bench import _bench_drafters
     from specwise.drafters import eagle
@@ -451,16 +450,12 @@ def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default(
     def drafters(*args):
         return _bench_drafters(build_parser().parse_args(["bench", *args]))
 
-    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))  # no model pulled, no layer trained
-    monkeypatch.setattr(eagle, "shipped_path", lambda model: tmp_path / "none" / "eagle.pt")
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))  # no model pulled
     mine = eagle.heads_path(PAIRS[DEFAULT_PAIR].target) / eagle.FILE
     mine.parent.mkdir(parents=True)
-    mine.write_bytes(b"an old layer")
-    assert drafters() == (["ngram", "suffix", "model"], ["model", "ngram"])
-    assert "drafting without the eagle layer" in capsys.readouterr().err
     eagle.Layer(8, (1, 2, 3), [0, 1], 151936, width=8).save(mine)
-    assert drafters() == (["ngram", "suffix", "eagle", "model"], ["model", "ngram"])
-    assert drafters("--backend", "llama_cpp")[0] == ["ngram", "suffix", "model"]
+    assert drafters() == (["ngram", "suffix", "model"], ["model", "ngram"])
+    assert drafters("--drafter", "ngram,eagle")[0] == ["ngram", "eagle"]
     assert not (tmp_path / "models").exists()  # nothing pulled
     mine.unlink()
 

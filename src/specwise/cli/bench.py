@@ -19,7 +19,6 @@ from specwise.cli.common import (
     _apply_pair,
     _default_drafters,
     _drafter_options,
-    _eagle_by_default,
     _load_drafting,
     _load_models,
 )
@@ -40,7 +39,7 @@ def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]
         return a.drafter.split(","), fixed
     _apply_pair(a)
     draft = bool(a.draft)
-    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]), _eagle_by_default(a))
+    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]))
     fixed = fixed or (["model", "ngram"] if draft else ["ngram"])
     return list(dict.fromkeys(drafters + fixed)), fixed
 

@@ -45,40 +45,15 @@ def _apply_pair(a: argparse.Namespace) -> None:
         a.draft = a.draft or pair.draft
 
 
-def _default_drafters(draft: bool, auto: bool, eagle: bool = False) -> list[str]:
+def _default_drafters(draft: bool, auto: bool) -> list[str]:
     """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
-    drafters, the eagle drafter where a layer is trained or shipped for the target (`eagle`:
-    `_eagle_by_default`), and the draft model when there is one; with a fixed k the draft
-    model if there is one, else the n-gram drafter. The bench's `auto` runs over the same
-    set."""
+    drafters and the draft model when there is one; with a fixed k the draft model if there
+    is one, else the n-gram drafter. The bench's `auto` runs over the same set. The eagle
+    drafter is asked for by name (`--drafter ...,eagle`): beside these it made `auto` slower
+    on the categories' prompts where it was measured (BENCHMARKS.md, the eagle layer)."""
     if auto:
-        return ["ngram", "suffix", *(["eagle"] if eagle else []), *(["model"] if draft else [])]
+        return ["ngram", "suffix", *(["model"] if draft else [])]
     return ["model"] if draft else ["ngram"]
-
-
-def _eagle_by_default(a: argparse.Namespace) -> bool:
-    """Whether the eagle drafter is among the defaults: a layer that loads is trained here or
-    shipped for the target (`eagle.find`; found by the target's key, so a catalog model is
-    not pulled to ask), and the backend asked for can read the target's layers (ik_llama or
-    torch; `auto` too: where it picks mainline, `_load_drafting` drops it). The layer loaded
-    is kept for `_trained`; one that does not load is passed over in one line. Not in exact
-    mode, where drafting on the layer states has not been checked."""
-    from specwise.drafters import eagle
-
-    if a.backend == "llama_cpp" or not a.target or getattr(a, "exact", False):
-        return False
-    try:
-        path = eagle.find(a.target)
-    except (ValueError, OSError):  # a bad target is said where the models load
-        return False
-    if path is None:
-        return False
-    try:
-        a.eagle_layer = eagle.Layer.load(path)
-    except ValueError as exc:
-        print(f"specwise: drafting without the eagle layer: {exc}", file=sys.stderr)
-        return False
-    return True
 
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
@@ -88,7 +63,7 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     else:
-        names = _default_drafters(bool(a.draft), a.k == "auto", _eagle_by_default(a))
+        names = _default_drafters(bool(a.draft), a.k == "auto")
     from specwise.drafters import DRAFTERS
 
     for n in names:
@@ -132,20 +107,8 @@ def _load_drafting(
     max_sequences: int = 1,
 ):
     """`_load_models` for drafters `names` (the target keeping the states they read,
-    `_hidden`). Where the eagle drafter is among the defaults, not asked for, and the backend
-    chosen cannot read the target's layers, it is dropped from `names` and `options`, said in
-    one line, and the models load without them."""
-    from specwise.backends.base import NoLayerStates
-
-    try:
-        return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
-    except NoLayerStates as exc:
-        if "eagle" not in names or a.drafter:
-            raise
-        names.remove("eagle")
-        options.pop("eagle", None)
-        print(f"specwise: drafting without the eagle layer: {exc}", file=sys.stderr)
-        return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
+    `_hidden`)."""
+    return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
 
 
 def _drafter_options(a: argparse.Namespace, names: list[str]) -> dict[str, dict]:
@@ -177,8 +140,6 @@ def _trained(a: argparse.Namespace, arch: str):
     _apply_pair(a)
     model = resolve_model(a.target)
     if arch == "eagle":
-        if getattr(a, "eagle_layer", None) is not None:  # loaded by `_eagle_by_default`
-            return a.eagle_layer
         path = eagle.find(model)
         if path is None:
             raise UsageError(
