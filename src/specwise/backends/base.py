@@ -44,7 +44,6 @@ __all__ = [
     "LM",
     "BackendInfo",
     "HiddenLog",
-    "NoLayerStates",
     "Reserved",
     "Tokenizer",
     "check_append",
@@ -57,10 +56,6 @@ __all__ = [
     "one_pass_each",
     "refuse_trees",
 ]
-
-
-class NoLayerStates(ValueError):
-    """The backend cannot read the outputs of a model's layers (`LM.hidden_layers`)."""
 
 
 @dataclass(frozen=True)
