@@ -12,7 +12,7 @@ import pytest
 from conftest import needs_batches
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import LlamaCppLM
-from specwise.bench.runner import greedy_divergence
+from specwise.bench.runner import greedy_divergence, top2_gap
 from specwise.bench.ties import NEAR_TIE_FACTOR
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.drafters.suffix import SuffixDrafter
@@ -63,7 +63,7 @@ def test_batched_equals_one_by_one_and_truncate_rolls_back(gguf, gguf_noise):
     gguf.release(0)
     one = np.stack([gguf.forward([(0, [t])])[0][0] for t in ids])
     for a, b in zip(one, full, strict=True):  # the same token, or a near-tie of the kernels'
-        assert a.argmax() == b.argmax() or _gap(b) <= NEAR_TIE_FACTOR * gguf_noise["top2_gap"]
+        assert a.argmax() == b.argmax() or top2_gap(b) <= NEAR_TIE_FACTOR * gguf_noise["top2_gap"]
     corr = [float(np.corrcoef(a, b)[0, 1]) for a, b in zip(one, full, strict=True)]
     assert min(corr) > 0.99, corr  # rounding, not another computation
     gguf.release(0)
@@ -140,11 +140,6 @@ def _close(a, b) -> bool:
     return min(float(np.corrcoef(x, y)[0, 1]) for x, y in zip(a, b, strict=True)) > 0.99
 
 
-def _gap(row) -> float:
-    top2 = np.sort(row)[-2:]
-    return float(top2[1] - top2[0])
-
-
 def test_a_tree_in_one_call_gives_each_path_its_own_logits(gguf):
     """A tree (root; two children; a grandchild under the first) fed beside another sequence:
     each token's logits are those of its path fed as a chain; `keep` leaves the kept path in
@@ -209,8 +204,8 @@ def _after_trees(lm, n0: int, trees, probe: int) -> tuple[np.ndarray, np.ndarray
 
 def test_a_kept_branch_leaves_the_cache_as_a_chain_would(gguf, gguf_cls, gguf_path):
     """Keeping a tree's second branch frees cells between the kept ones; ik_llama's attention
-    goes wrong over such gaps in a cache of a few hundred
-    cells unless they are closed (`IkLlamaLM._close_gaps`). Both shapes that showed it."""
+    goes wrong over such gaps in a cache of a few hundred cells unless they are closed
+    (`IkLlamaLM._close_gaps`). Both shapes that showed it."""
     if not gguf.trees:
         pytest.skip(f"{gguf.backend} takes no trees")
     second = ([-1, 0, 0, 1, 2, 3, 4], [0, 2, 4, 6])  # two chains of three: keep the second

@@ -58,6 +58,7 @@ __all__ = [
     "greedy_divergence",
     "logits_after",
     "numeric_noise",
+    "top2_gap",
 ]
 
 BASELINE = "plain on "  # + backend: plain decoding of the same model on another backend or mode
@@ -331,6 +332,12 @@ def logits_after(lm: LM, ids: list[int], out: list[int]) -> np.ndarray:
         lm.release(Reserved.CHECK)
 
 
+def top2_gap(row: np.ndarray) -> float:
+    """How far a row of logits' highest value lies above its second."""
+    top2 = np.sort(row)[-2:]
+    return float(top2[1] - top2[0])
+
+
 def numeric_noise(lm: LM, ids: list[int], sizes: Sequence[int] = (2, 5, 9)) -> dict:
     """How much a multi-token forward differs from one-token forwards of the same tokens:
     the largest |difference| of a logit, and of a row's top-2 gap."""
@@ -351,8 +358,7 @@ def numeric_noise(lm: LM, ids: list[int], sizes: Sequence[int] = (2, 5, 9)) -> d
                 lm.release(Reserved.CHECK)
             worst_logit = max(worst_logit, float(np.abs(many - one).max()))
             for a, b in zip(many, one, strict=True):
-                ga, gb = np.sort(a)[-2:], np.sort(b)[-2:]
-                worst_gap = max(worst_gap, abs(float(ga[1] - ga[0]) - float(gb[1] - gb[0])))
+                worst_gap = max(worst_gap, abs(top2_gap(a) - top2_gap(b)))
     return {"logit": worst_logit, "top2_gap": worst_gap}
 
 
@@ -368,7 +374,5 @@ def greedy_divergence(
     )
     if n >= len(ref):  # `got` is longer: compare at ref's end
         return {"match": False, "position": n, "top2_gap": math.nan, "near_tie": False}
-    row = logits_after(lm, ids, ref[: n + 1])[n]
-    top2 = np.sort(row)[-2:]
-    gap = float(top2[1] - top2[0])
+    gap = top2_gap(logits_after(lm, ids, ref[: n + 1])[n])
     return {"match": False, "position": n, "top2_gap": gap, "near_tie": gap <= near_tie}
