@@ -12,6 +12,7 @@ import pytest
 from conftest import needs_batches
 from specwise import Engine, SamplingParams
 from specwise.backends.llama_cpp import LlamaCppLM
+from specwise.backends.requant import derive
 from specwise.bench.runner import greedy_divergence, top2_gap
 from specwise.bench.ties import NEAR_TIE_FACTOR
 from specwise.drafters import ModelDrafter, NgramDrafter
@@ -283,7 +284,7 @@ def test_context_and_slot_errors(gguf_cls, gguf_path):
     assert lm.forward([(1, [1, 2])])[0].shape[0] == 2  # the slot was freed
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "suffix", "self"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "self", "requantized"])
 @pytest.mark.parametrize("k", [2, 4])
 def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, gguf_noise, drafter, k):
     prompt = gguf.tokenizer.encode("The numbers from 1 to 30: 1, 2, 3, 4,")
@@ -294,8 +295,10 @@ def test_greedy_speculative_equals_plain(gguf, gguf_cls, gguf_path, gguf_noise, 
         d = NgramDrafter()
     elif drafter == "suffix":  # trees where the backend takes them: ", " goes on several ways
         d = SuffixDrafter(scope="request")
-    else:  # the same weights in a second instance: a drafter keeps its own caches
+    elif drafter == "self":  # the same weights in a second instance: it keeps its own caches
         d = ModelDrafter(gguf_cls(gguf_path, context_length=512, max_sequences=1))
+    else:  # the model requantized to Q4_0 (`backends.requant`): other drafts, the same output
+        d = ModelDrafter(gguf_cls(derive(gguf_path, "q4_0"), context_length=512, max_sequences=1))
     got = Engine(gguf, d, k=k).generate(prompt, params)
     assert gguf.trees == any(r.depth is not None for r in got.rounds) or drafter != "suffix"
     # llama.cpp may round a k+1-token forward differently from single-token ones: the outputs

@@ -4,8 +4,9 @@ same version's source, matching the `llama.h` shipped in the wheel; and which of
 process loads (`library_path`): the native build where it is installed here (`find`) and
 `ik_native.compare` measured it faster (`verdict`, `preferred`), else the wheel's.
 
-Only what `IkLlamaLM` calls is declared. The three structs passed by value (`llama_batch`,
-`llama_model_params`, `llama_context_params`) must match the header field for field: a wrong
+Only what `IkLlamaLM` and `requant` call is declared. The four structs passed to it
+(`llama_batch`, `llama_model_params`, `llama_context_params`, `llama_model_quantize_params`)
+must match the header field for field: a wrong
 offset would hand the library garbage, so `tests/test_ik_llama.py` compiles the header's
 `offsetof`/`sizeof` of every field declared here and compares. `open_library` loads the
 library in this process and checks the defaults it returns; whether its kernels run on this
@@ -49,6 +50,7 @@ __all__ = [
     "llama_batch",
     "llama_context_params",
     "llama_model_params",
+    "llama_model_quantize_params",
     "open_ggml",
     "open_library",
     "preferred",
@@ -193,7 +195,38 @@ class llama_context_params(ctypes.Structure):
     ]
 
 
-STRUCTS = (llama_batch, llama_model_params, llama_context_params)
+class llama_model_quantize_params(ctypes.Structure):
+    _fields_ = [
+        ("nthread", c_int32),
+        ("ftype", _enum),
+        ("output_tensor_type", _enum),
+        ("token_embedding_type", _enum),
+        ("attn_q_type", _enum),
+        ("attn_k_type", _enum),
+        ("attn_v_type", _enum),
+        ("attn_qkv_type", _enum),
+        ("attn_output_type", _enum),
+        ("ffn_gate_type", _enum),
+        ("ffn_down_type", _enum),
+        ("ffn_up_type", _enum),
+        ("ffn_gate_inp_type", _enum),
+        ("allow_requantize", c_bool),
+        ("quantize_output_tensor", c_bool),
+        ("only_copy", c_bool),
+        ("pure", c_bool),
+        ("keep_split", c_bool),
+        ("ignore_imatrix_rules", c_bool),
+        ("only_repack", c_bool),
+        ("dry_run", c_bool),
+        ("partial_requant", c_bool),
+        ("imatrix", c_void_p),
+        ("kv_overrides", c_void_p),
+        ("custom_quants", c_void_p),
+        ("repack_pattern", c_void_p),
+    ]
+
+
+STRUCTS = (llama_batch, llama_model_params, llama_context_params, llama_model_quantize_params)
 
 log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 # ggml_backend_sched_eval_callback: (struct ggml_tensor *, ask, user data) -> go on / want it
@@ -236,6 +269,11 @@ _PROTOTYPES: dict[str, tuple[object, list]] = {
     "llama_kv_cache_seq_cp": (None, [_p, llama_seq_id, llama_seq_id, llama_pos, llama_pos]),
     "llama_kv_cache_defrag": (None, [_p]),
     "llama_kv_cache_update": (c_int32, [_p]),
+    "llama_model_quantize_default_params": (llama_model_quantize_params, []),
+    "llama_model_quantize": (
+        c_uint32,
+        [c_char_p, c_char_p, POINTER(llama_model_quantize_params)],
+    ),
 }
 
 
@@ -404,6 +442,7 @@ def _check_defaults(lib: SimpleNamespace) -> None:
     documented defaults: a struct of another layout reads other numbers."""
     m = lib.llama_model_default_params()
     c = lib.llama_context_default_params()
+    q = lib.llama_model_quantize_default_params()
     seen = {  # fields at the start, middle and end of each struct
         "model.n_gpu_layers": m.n_gpu_layers >= 0,
         "model.n_ubatch": m.n_ubatch > 0,
@@ -418,6 +457,10 @@ def _check_defaults(lib: SimpleNamespace) -> None:
         "context.embeddings": c.embeddings is False,
         "context.offload_kqv": c.offload_kqv is True,
         "context.mtp_op_type": c.mtp_op_type == 0,
+        "quantize.nthread": q.nthread == 0,
+        "quantize.quantize_output_tensor": q.quantize_output_tensor is True,
+        "quantize.only_copy": q.only_copy is False,
+        "quantize.repack_pattern": q.repack_pattern is None,
     }
     bad = [k for k, ok in seen.items() if not ok]
     if bad:

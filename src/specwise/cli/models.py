@@ -1,5 +1,6 @@
-"""`specwise models`: the catalog, its pairs and the GGUF models already on this machine
-(`list`), `pull` and `path`.
+"""`specwise models`: the catalog, its pairs, the requantized copies made here and the GGUF
+models already on this machine (`list`), `pull` (of NAME@RECIPE: pulled, then requantized) and
+`path`.
 
 It reads and downloads through `specwise.models` and `specwise.stores`; it loads no model.
 """
@@ -15,6 +16,7 @@ __all__ = ["add_parser", "cmd_models"]
 
 def cmd_models(a: argparse.Namespace) -> int:
     from specwise import models
+    from specwise.backends.requant import derive, derived_path, list_derived, split_name
 
     if a.models_command == "list":
         print(f"{'name':32} {'role':7} {'size':>9}  {'pulled':6}  description")
@@ -26,20 +28,35 @@ def cmd_models(a: argparse.Namespace) -> int:
         for p in models.PAIRS.values():
             default = " (default)" if p.name == models.DEFAULT_PAIR else ""
             print(f"pair {p.name}{default}: target {p.target} + draft {p.draft}")
+        derived = list_derived()
+        if derived:
+            print("\nrequantized here (NAME@RECIPE, `specwise.backends.requant`):")
+        for d in derived:
+            print(
+                f"  {d['source_name'] + '@' + d['recipe']:40} {d['bytes'] / 2**20:5.0f} MiB  "
+                f"{d['description']}"
+            )
         print(f"\ncache: {models.home() / 'models'}")
         print("\n".join(_found_lines()))
     elif a.models_command == "pull":
-        path = models.pull(a.name, source=a.source)
-        print(path)
+        source, recipe = split_name(a.name)
+        path = models.pull(source, source=a.source)
+        print(path if recipe is None else derive(path, recipe, label=source))
     elif a.models_command == "path":
         if a.name in models.PAIRS:
             raise UsageError(f"{a.name!r} is a pair; ask for one model: `models path NAME`")
-        if a.name.startswith("ollama:"):
+        source, recipe = split_name(a.name)
+        if source.startswith("ollama:"):
             from specwise.stores import resolve_ollama
 
-            print(resolve_ollama(a.name).path)
+            path = resolve_ollama(source).path
         else:
-            print(models.resolve(a.name, pull_missing=False))
+            path = models.resolve(source, pull_missing=False)
+        if recipe is not None:
+            path = derived_path(path, recipe)
+            if not path.is_file():
+                raise UsageError(f"{a.name} is not made yet; run: specwise models pull {a.name}")
+        print(path)
     return 0
 
 
@@ -85,7 +102,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="catalog models and pairs, whether they are pulled, and the GGUF models of Ollama, "
         "LM Studio and the Hugging Face cache on this machine, each with a draft to try",
     )
-    mp = msub.add_parser("pull", help="download, assemble and verify a model (or a pair)")
+    mp = msub.add_parser(
+        "pull",
+        help="download, assemble and verify a model (or a pair); NAME@RECIPE (q4_0, q5_0, "
+        "iq4_nl) also makes that model requantized, a cheaper draft",
+    )
     mp.add_argument("name")
     mp.add_argument("--from", dest="source", help="use this local file instead of downloading")
     mpath = msub.add_parser(
