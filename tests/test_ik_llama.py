@@ -217,9 +217,8 @@ def test_ik_serves_one_sequence_per_context_where_its_batched_probe_fails(
     )
     flat = CostCurve({1: 50.0, 4: 60.0, 16: 200.0})
     steep = CostCurve({1: 70.0, 4: 240.0, 16: 700.0})
-    monkeypatch.setattr(
-        backend_choice, "measure_backends", lambda *a, **k: {"ik_llama": flat, "llama_cpp": steep}
-    )
+    curves = {"ik_llama+fa": flat, "ik_llama": steep, "llama_cpp": steep}
+    monkeypatch.setattr(backend_choice, "measure_backends", lambda *a, **k: curves)
     one, _ = load_pair(smollm2_path, backend="auto", max_sequences=1)
     assert one.info.backend == "ik_llama" and one.flash_attn
     several, _ = load_pair(smollm2_path, backend="auto", max_sequences=4)
@@ -227,6 +226,26 @@ def test_ik_serves_one_sequence_per_context_where_its_batched_probe_fails(
     assert "using llama_cpp instead of ik_llama: logits differ" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--backend ik_llama cannot run here: logits differ"):
         load_pair(smollm2_path, backend="ik_llama", max_sequences=4)
+
+
+@needs_ik
+def test_flash_attention_is_used_where_it_measured_faster_only(
+    gemma_path, monkeypatch, tmp_path, capsys
+):
+    """The choice measures ik_llama with and without flash attention: where it is slower, a
+    one-sequence context runs without it (and so takes token trees)."""
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(ik_llama, "_probe_child", lambda *a: None)
+    fast, slow = CostCurve({1: 40.0, 4: 60.0, 16: 200.0}), CostCurve({1: 48.0, 4: 70.0})
+    curves = {"ik_llama+fa": slow, "ik_llama": fast, "llama_cpp": slow}
+    monkeypatch.setattr(backend_choice, "measure_backends", lambda *a, **k: curves)
+    lm, _ = load_pair(gemma_path, backend="auto", max_sequences=1)
+    assert lm.info.backend == "ik_llama" and not lm.flash_attn and lm.trees
+    assert "backend ik_llama (fastest plain step; ik_llama+fa: plain step 48.0 ms" in (
+        capsys.readouterr().err
+    )
+    forced, _ = load_pair(gemma_path, backend="ik_llama", max_sequences=1)
+    assert forced.flash_attn  # a forced backend: flash attention where the probe allows it
 
 
 def test_a_backend_verdict_from_curves_that_contradict_themselves_is_never_kept(

@@ -224,12 +224,18 @@ def test_bench_backend_names_the_ik_library_it_measured():
     result = {
         "ik_library": "/wheel/lib/libllama.so",
         "ik_native": False,
-        "curves": {"llama_cpp": curve, "ik_llama": curve},
+        "curves": {"ik_llama+fa": curve, "ik_llama": curve, "llama_cpp": curve},
         "reason": "ik_llama (fastest plain step)",
-        "plain": {},
-        "plain_ratio_median": 1.0,
-        "plain_ratio_total": 1.0,
-        "runs": 0,
+        "plain": {
+            "chat": {
+                "tokens_per_s": {"ik_llama+fa": 30.0, "ik_llama": 33.0, "llama_cpp": 20.0},
+                "ratio": {"ik_llama+fa": 1.5, "ik_llama": 1.65},
+                "same_tokens": True,
+            }
+        },
+        "plain_ratio_median": {"ik_llama+fa": 1.5, "ik_llama": 1.65},
+        "plain_ratio_total": {"ik_llama+fa": 1.5, "ik_llama": 1.65},
+        "runs": 1,
     }
     assert "libllama.so (the wheel's build; `make native` builds" in format_comparison(result)[0]
     native = format_comparison(result | {"ik_native": True})[0]
@@ -239,6 +245,8 @@ def test_bench_backend_names_the_ik_library_it_measured():
     assert native.endswith(f"(this CPU's native build, measured faster: {why})")
     slower = format_comparison(result | {"ik_native_verdict": "wheel (fastest plain step)"})[0]
     assert "native build measured slower: wheel (fastest plain step)" in slower
+    table = "\n".join(format_comparison(result))
+    assert "ik_llama+fa" in table and "1.650" in table  # every candidate, flash attention apart
 
 
 def test_a_forced_library_that_cannot_be_had_is_a_usage_error(home, monkeypatch):

@@ -50,9 +50,10 @@ def load_pair(
     hidden: bool | tuple[int, ...] = False,
 ) -> tuple[LM, LM | None]:
     """(target LM, draft LM or None). backend: one of BACKENDS, or "auto"/None: a folder runs
-    on torch, a GGUF file on the backend measured best for the target on this machine (the
-    draft, probed too, runs on the same one, or alone on llama_cpp where ik_llama cannot run
-    it: the target keeps the cheap verification). max_sequences: sequences one llama.cpp context
+    on torch, a GGUF file on the backend measured best for the target on this machine, with
+    flash attention on ik_llama where that measured faster (the draft, probed too, runs on the
+    same one, or alone on llama_cpp where ik_llama cannot run it: the target keeps the cheap
+    verification). max_sequences: sequences one llama.cpp context
     serves at once. exact: the target in exact mode (`LM.exact`): on torch, or a GGUF file on
     ik_llama once its probe found it exact on this machine, else on mainline llama.cpp a
     forward a token (`_exact_gguf`). hidden: the target keeps its hidden states (`LM.hidden`,
@@ -62,11 +63,12 @@ def load_pair(
         raise ValueError(f"backend {backend!r} is unknown; use one of: auto, {', '.join(BACKENDS)}")
     paths = [p for p in (resolve_model(target), resolve_model(draft) if draft else None) if p]
     gguf = [p for p in paths if not p.is_dir()]
-    kind = backend
+    kind, flash_pays = backend, True  # flash attention: where the probe allows (forced backend)
     if backend in (None, "auto") and gguf:
         from specwise.backends.choice import choose
 
-        kind = choose(*gguf, threads=threads).backend
+        choice = choose(*gguf, threads=threads)
+        kind, flash_pays = choice.backend, choice.flash_attn
     flash: dict[Path, bool] = {}
     kinds = ["torch" if p.is_dir() and backend in (None, "auto") else kind for p in paths]
     if kind == "ik_llama":
@@ -77,6 +79,7 @@ def load_pair(
                 continue
             flash[p] = usable_flash_attn(p, batched=max_sequences > 1)
             if flash[p] is not None:
+                flash[p] = flash[p] and flash_pays
                 continue
             why = probe(p, False, max_sequences > 1)
             if i == 1:  # the draft alone: the target keeps the backend that verifies cheaply
@@ -91,8 +94,15 @@ def load_pair(
     if exact and kinds[0] != "torch":
         kinds[0] = _exact_gguf(paths[0], backend, max_sequences)
     lms = [
-        _open(p, k, threads, max_sequences, flash, exact=exact and i == 0,
-              hidden=hidden if i == 0 else False)
+        _open(
+            p,
+            k,
+            threads,
+            max_sequences,
+            flash,
+            exact=exact and i == 0,
+            hidden=hidden if i == 0 else False,
+        )
         for i, (p, k) in enumerate(zip(paths, kinds, strict=True))
     ]
     return lms[0], (lms[1] if draft else None)

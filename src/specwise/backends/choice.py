@@ -1,11 +1,13 @@
-"""`--backend auto` for GGUF models: which llama.cpp library runs a model pair fastest on this
-machine, measured here, once, and remembered.
+"""`--backend auto` for GGUF models: which llama.cpp library, and on ik_llama.cpp whether with
+flash attention, runs a model pair fastest on this machine, measured here, once, and remembered.
 
-The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) and mainline
-llama.cpp (`LlamaCppLM`). Each loads the target and measures its cost curve (a forward of n
-tokens, n = 1..16, on a sequence holding `curves.CALIBRATION_CONTEXT` tokens, medians of
-repeats, each size measured on both backends in turn; the one-token forward PLAIN_REPEATS times
-more). The choice:
+The candidates are ik_llama.cpp (`IkLlamaLM`, where its probe says it runs here) with flash
+attention (where its probe allows it) and without, and mainline llama.cpp (`LlamaCppLM`):
+`CANDIDATES`. Flash attention is measured, not assumed: on one CPU it makes a forward of
+several tokens cheaper, on another (Zen 4, BENCHMARKS.md) it makes the plain step dearer. Each
+loads the target and measures its cost curve (a forward of n tokens, n = 1..MAX_K + 1, on a
+sequence holding `curves.CALIBRATION_CONTEXT` tokens, medians of repeats, each size measured on
+every candidate in turn; the one-token forward PLAIN_REPEATS times more). The choice:
 
 - the plain step (n = 1) decides: it is what every round costs where no draft pays, so a
   backend with a slower plain step would make some workloads slower than the other's plain
@@ -36,20 +38,27 @@ from specwise.machine import machine
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
 
-SIZES = range(1, 17)
 REPEATS = 3
 PLAIN_REPEATS = 24  # one-token forwards more: the plain step decides, and is noisy
 PLAIN_TIE = 0.02  # plain steps this close are a tie, broken by what speculation gains
 SPEC_ALPHA = 0.7
 MAX_K = 8
-METHOD = 2  # how choices are measured; one cached by another method is measured again
+SIZES = range(1, MAX_K + 2)  # what `decide` reads: a plain step and verifications up to MAX_K
+METHOD = 3  # how choices are measured; one cached by another method is measured again
+# candidate -> (backend, flash attention)
+CANDIDATES = {
+    "ik_llama+fa": ("ik_llama", True),
+    "ik_llama": ("ik_llama", False),
+    "llama_cpp": ("llama_cpp", False),
+}
 
 
 @dataclass(frozen=True)
 class Choice:
     backend: str  # "ik_llama" or "llama_cpp"
     reason: str  # one sentence for people
-    curves: dict[str, dict[int, float]] = field(default_factory=dict)  # backend -> n -> ms
+    curves: dict[str, dict[int, float]] = field(default_factory=dict)  # candidate -> n -> ms
+    flash_attn: bool = False  # on ik_llama, for contexts of one sequence
 
 
 def spec_goodput(curve: CostCurve, alpha: float, max_k: int = MAX_K) -> float:
@@ -59,7 +68,7 @@ def spec_goodput(curve: CostCurve, alpha: float, max_k: int = MAX_K) -> float:
 
 
 def decide(curves: dict[str, CostCurve]) -> tuple[str, str]:
-    """(backend, reason) from measured curves, by the rule of the module docstring."""
+    """(candidate, reason) from measured curves, by the rule of the module docstring."""
     plain = {b: c(1) for b, c in curves.items()}
     fastest = min(plain, key=plain.get)
     tied = [b for b in curves if plain[b] <= plain[fastest] * (1 + PLAIN_TIE)]
@@ -106,7 +115,8 @@ def choose(
         choice = Choice("llama_cpp", f"llama_cpp (ik_llama.cpp cannot be used here: {problem})")
     else:
         print(
-            "specwise: measuring both llama.cpp backends once for this model and machine "
+            "specwise: measuring the llama.cpp backends (ik_llama.cpp with and without flash "
+            "attention, mainline) once for this model and machine "
             "(a few minutes, once)...",
             file=sys.stderr,
         )
@@ -118,8 +128,9 @@ def choose(
         finally:
             for lm in lms.values():
                 lm.close()
-        backend, reason = decide(curves)
-        choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()})
+        best, reason = decide(curves)
+        backend, flash_attn = CANDIDATES[best]
+        choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()}, flash_attn)
         if not consistent:
             print(
                 f"specwise: backend {choice.reason} (for this run only; not kept)", file=sys.stderr
@@ -131,17 +142,19 @@ def choose(
 
 
 def open_backends(target: Path, threads: int | None, flash_attn: bool) -> dict[str, LM]:
-    """`target` on each GGUF backend, one sequence slot each (the caller closes them)."""
+    """`target` on each candidate (`CANDIDATES`; flash_attn False: the probe refuses it, so
+    ik_llama runs without only), one sequence slot each (the caller closes them)."""
     from specwise.backends.ik_llama import IkLlamaLM
     from specwise.backends.llama_cpp import LlamaCppLM
 
-    ik = IkLlamaLM(
-        target, threads=threads, context_length=2048, max_sequences=1, flash_attn=flash_attn
-    )
-    return {
-        "ik_llama": ik,
-        "llama_cpp": LlamaCppLM(target, threads=threads, context_length=2048, max_sequences=1),
-    }
+    lms: dict[str, LM] = {}
+    for name, (backend, flash) in CANDIDATES.items():
+        kw = dict(threads=threads, context_length=2048, max_sequences=1)
+        if backend == "llama_cpp":
+            lms[name] = LlamaCppLM(target, **kw)
+        elif flash_attn or not flash:
+            lms[name] = IkLlamaLM(target, flash_attn=flash, **kw)
+    return lms
 
 
 def measure_backends(lms: dict[str, LM], repeats: int = REPEATS) -> dict[str, CostCurve]:

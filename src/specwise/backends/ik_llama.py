@@ -4,10 +4,11 @@ through specwise's own ctypes declarations (`ik_api`), and `probe`, which says w
 library runs on this CPU.
 
 It is `LlamaCppLM` with another library underneath; what differs:
-- run-time repacking of the weights (`repack_tensors`) is on, and flash attention where the
-  probe allows it (contexts of one sequence): they are what make a forward of several tokens
-  cost little more than one on a CPU (BENCHMARKS.md §0); a context with flash attention takes
-  no trees (`_takes_trees`);
+- run-time repacking of the weights (`repack_tensors`) is on: it is what makes a forward of
+  several tokens cost little more than one on a CPU (BENCHMARKS.md §0); flash attention is on
+  where asked for (`flash_attn`: `load_pair` asks where the probe allows it, in contexts of one
+  sequence, and `backends.choice` measured it no slower here), and a context with it takes no
+  trees (`_takes_trees`);
 - the KV cache is one pool of cells that every sequence shares, so a call of any shape runs as
   one pass per `n_ubatch` tokens (`passes`) and slot order does not matter (no compaction),
   and a forward takes token trees (`LM.trees`); after every rollback or release the used
@@ -102,7 +103,8 @@ class IkLlamaLM(LlamaCppLM):
         return _ik()
 
     def _library_id(self) -> str:
-        return ik_api.library_id()
+        # flash attention changes every cost on this library: it is part of what runs
+        return ik_api.library_id() + (" flash-attn" if self.flash_attn else "")
 
     def _model_params(self):
         mparams = self._lib.llama_model_default_params()

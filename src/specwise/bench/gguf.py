@@ -1,10 +1,11 @@
 """The GGUF backends side by side (`specwise bench backend`, first part): mainline llama.cpp and
 ik_llama.cpp load the same target file and are measured interleaved in one process:
 
-1. their cost curves (a forward of n = 1..16 tokens, medians of repeats that alternate between
-   the backends), as ms and as multiples of *mainline's* one-token forward, and the backend
-   that `--backend auto` picks from them (`specwise.backends.choice.decide`);
-2. plain greedy decoding on each, one prompt per shipped category, the backends taking turns
+1. their cost curves (a forward of n tokens, medians of repeats that alternate between the
+   candidates of `choice.CANDIDATES`: ik_llama.cpp with and without flash attention,
+   mainline), as ms and as multiples of *mainline's* one-token forward, and the candidate that
+   `--backend auto` picks from them (`specwise.backends.choice.decide`);
+2. plain greedy decoding on each, one prompt per shipped category, the candidates taking turns
    (who goes first alternates), tokens/s and the ratio to mainline, and whether their greedy
    tokens agree (two libraries round differently, so a near-tie may go either way).
 
@@ -45,14 +46,14 @@ def compare_backends(
             for i, p in enumerate(prompts):
                 ids = render(lms["llama_cpp"].tokenizer, p.turns[:1])
                 order = list(engines) if (rep + i) % 2 == 0 else list(reversed(engines))
-                row = {"category": p.category, "repeat": rep}
+                row: dict = {"category": p.category, "repeat": rep}
+                tokens = {}
                 for b in order:
                     t = time.perf_counter()
                     res = engines[b].generate(ids, params)
                     row[b] = len(res.tokens) / (time.perf_counter() - t)
-                    row[f"{b}_tokens"] = res.tokens
-                row["same_tokens"] = row["llama_cpp_tokens"] == row["ik_llama_tokens"]
-                del row["llama_cpp_tokens"], row["ik_llama_tokens"]
+                    tokens[b] = res.tokens
+                row["same_tokens"] = all(t == tokens["llama_cpp"] for t in tokens.values())
                 rows.append(row)
                 print(f"  plain {p.category} {rep + 1}/{repeats}", file=sys.stderr)
     finally:
@@ -60,13 +61,13 @@ def compare_backends(
             lm.close()
     choice, reason = decide(curves)
     library = str(ik_api.library_path())
+    ik = [b for b in lms if b != "llama_cpp"]
     by_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
         rs = [r for r in rows if r["category"] == cat]
         by_cat[cat] = {
-            "llama_cpp_tokens_per_s": median(r["llama_cpp"] for r in rs),
-            "ik_llama_tokens_per_s": median(r["ik_llama"] for r in rs),
-            "ratio": median(r["ik_llama"] / r["llama_cpp"] for r in rs),
+            "tokens_per_s": {b: median(r[b] for r in rs) for b in lms},
+            "ratio": {b: median(r[b] / r["llama_cpp"] for r in rs) for b in ik},
             "same_tokens": all(r["same_tokens"] for r in rs),
         }
     return {
@@ -77,8 +78,10 @@ def compare_backends(
         "choice": choice,
         "reason": reason,
         "plain": by_cat,
-        "plain_ratio_median": median(r["ik_llama"] / r["llama_cpp"] for r in rows),
-        "plain_ratio_total": sum(r["ik_llama"] for r in rows) / sum(r["llama_cpp"] for r in rows),
+        "plain_ratio_median": {b: median(r[b] / r["llama_cpp"] for r in rows) for b in ik},
+        "plain_ratio_total": {
+            b: sum(r[b] for r in rows) / sum(r["llama_cpp"] for r in rows) for b in ik
+        },
         "runs": len(rows),
     }
 
@@ -93,27 +96,43 @@ def format_comparison(result: dict) -> list[str]:
         built = f"the wheel's build; this CPU's native build measured slower: {verdict}"
     else:
         built = "the wheel's build; `make native` builds one for this CPU"
+    names = list(c)  # the candidates measured (`choice.CANDIDATES`)
+    ik = [b for b in names if b != "llama_cpp"]
     lines = [
         f"ik_llama library: {result['ik_library']} ({built})",
         "cost of a forward of n tokens, ms (and x mainline's 1-token forward), interleaved:",
-        f"{'n':>3} {'llama_cpp':>16} {'ik_llama':>16}",
+        f"{'n':>3} " + " ".join(f"{b:>16}" for b in names),
     ]
     for n in sorted(c["llama_cpp"]):
-        m, k = c["llama_cpp"][n], c["ik_llama"][n]
-        lines.append(f"{n:>3} {m:9.1f} ({m / base:4.2f}) {k:9.1f} ({k / base:4.2f})")
+        lines.append(
+            f"{n:>3} " + " ".join(f"{c[b][n]:9.1f} ({c[b][n] / base:4.2f})" for b in names)
+        )
     lines += [
         f"--backend auto picks {result['reason']}",
         "",
-        "plain greedy decoding, tokens/s (medians; ik / mainline):",
-        f"{'category':20} {'llama_cpp':>10} {'ik_llama':>10} {'ratio':>7} same tokens",
+        "plain greedy decoding, tokens/s (medians; x: ik_llama over mainline):",
+        f"{'category':20} "
+        + " ".join(f"{b:>12}" for b in names)
+        + " "
+        + " ".join(f"{'x ' + b:>14}" for b in ik)
+        + " same tokens",
     ]
     for cat, r in result["plain"].items():
         lines.append(
-            f"{cat:20} {r['llama_cpp_tokens_per_s']:10.2f} {r['ik_llama_tokens_per_s']:10.2f} "
-            f"{r['ratio']:7.3f} {'yes' if r['same_tokens'] else 'no'}"
+            f"{cat:20} "
+            + " ".join(f"{r['tokens_per_s'][b]:12.2f}" for b in names)
+            + " "
+            + " ".join(f"{r['ratio'][b]:14.3f}" for b in ik)
+            + f" {'yes' if r['same_tokens'] else 'no'}"
         )
+    med, tot = result["plain_ratio_median"], result["plain_ratio_total"]
     lines.append(
-        f"{'all':20} {'':>10} {'':>10} {result['plain_ratio_median']:7.3f} "
-        f"(median of {result['runs']} runs; tokens/s summed: {result['plain_ratio_total']:.3f})"
+        f"{'all':20} "
+        + " ".join(f"{'':>12}" for _ in names)
+        + " "
+        + " ".join(f"{med[b]:14.3f}" for b in ik)
+        + f" (medians of {result['runs']} runs; tokens/s summed: "
+        + ", ".join(f"{b} {tot[b]:.3f}" for b in ik)
+        + ")"
     )
     return lines
