@@ -36,10 +36,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        help="drafters, comma separated (model, ngram, suffix, suffix-chain, heads, eagle); default "
-        "with --k "
-        "auto: ngram "
-        "and suffix, plus model with --draft; with a fixed k: model with --draft, else ngram",
+        help="drafters, comma separated (model, cascade, ngram, suffix, suffix-chain, heads, "
+        "eagle); default with --k auto: ngram and suffix, plus model with --draft; with a fixed "
+        "k: model with --draft, else ngram",
     )
     p.add_argument(
         "--suffix-scope",

@@ -11,6 +11,7 @@ from specwise.drafters.base import (
     make_drafters,
     register,
 )
+from specwise.drafters.cascade import CascadeDrafter
 from specwise.drafters.eagle import EagleDrafter
 from specwise.drafters.heads import HeadsDrafter
 from specwise.drafters.model import ModelDrafter, TextDrafter
@@ -21,6 +22,7 @@ __all__ = [
     "DRAFTERS",
     "DRAFT_MODEL",
     "READS_STATES",
+    "CascadeDrafter",
     "Draft",
     "Drafter",
     "EagleDrafter",

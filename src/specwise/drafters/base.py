@@ -165,22 +165,26 @@ def make_drafter(name: str, **options: Any) -> Drafter:
     return factory(**options)
 
 
-DRAFT_MODEL = ("model", "model-text")  # the drafters that run a draft model (its LM)
+DRAFT_MODEL = ("model", "model-text", "cascade")  # the drafters that run a draft model (its LM)
 READS_STATES = ("heads", "eagle")  # the drafters that read the target's hidden states
 
 
 def make_drafters(
     names: Sequence[str], lm: LM | None = None, options: dict[str, dict] | None = None
 ) -> list[Drafter]:
-    """The named drafters of one engine: those of DRAFT_MODEL run `lm` (model-text shares the
-    model drafter's caches when both are named), the others take their `options`."""
+    """The named drafters of one engine: those of DRAFT_MODEL run `lm` (model-text and cascade
+    share the model drafter's caches when it is named too; cascade is guided by the cheap
+    drafters named), the others take their `options`."""
     options = options or {}
     out = {n: make_drafter(n, **options.get(n, {})) for n in names if n not in DRAFT_MODEL}
     if "model" in names:
         out["model"] = make_drafter("model", lm=lm)
+    shared = {"model": out["model"]} if "model" in out else {"lm": lm}
     if "model-text" in names:
-        shared = {"model": out["model"]} if "model" in out else {"lm": lm}
         out["model-text"] = make_drafter("model-text", **shared)
+    if "cascade" in names:
+        guides = [d for d in out.values() if d.cheap]
+        out["cascade"] = make_drafter("cascade", **shared, guides=guides)
     return [out[n] for n in names]
 
 

@@ -24,6 +24,7 @@ This module does not verify anything.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,6 +55,9 @@ class ModelDrafter:
         self._base: dict[int, tuple[int, int]] = {}  # seq -> (_done, len(_ids)) at propose
         self._drafted: dict[int, list[int]] = {}  # seq -> the last draft, in draft ids
         self._retokenized: dict[int, list[int]] = {}  # seq -> a text draft, in target ids
+        # the latest propose's timed forwards: (tokens, ms) of each one-token step and each
+        # forward of a guess (all rows), for the cascade's pricing of its guesses
+        self.timed: list[tuple[int, float]] = []
         info = lm.info
         self.fingerprint = f"model:{info.backend}:{info.fingerprint}:{info.threads}"
 
@@ -118,8 +122,10 @@ class ModelDrafter:
         params: SamplingParams,
         sampler: Sampler,
         keep_going: KeepGoing | None = None,
+        guess: Sequence[int] = (),
     ) -> Draft:
-        return self._propose(seq, context, k, params, sampler, keep_going, text=False)
+        """`Drafter.propose`; guess: tokens the draft model is expected to pick (`_propose`)."""
+        return self._propose(seq, context, k, params, sampler, keep_going, False, guess)
 
     def _propose(
         self,
@@ -130,9 +136,13 @@ class ModelDrafter:
         sampler: Sampler,
         keep_going: KeepGoing | None,
         text: bool,
+        guess: Sequence[int] = (),
     ) -> Draft:
         """Up to k tokens: the draft's own (text=False), or (text=True, another tokenizer) the
-        argmax over its whole vocabulary, up to a special token, its text re-tokenized."""
+        argmax over its whole vocabulary, up to a special token, its text re-tokenized.
+        guess (same tokenizer only): tokens the draft is expected to pick, fed with the catch-up
+        in one forward; while it picks them, its next rows are already computed (the cascade).
+        The tokens picked, and the randomness used, are those of drafting without a guess."""
         ids = self._sync(seq, context)
         self._base[seq] = (len(context), len(ids))
         self._drafted[seq] = drafted = []
@@ -144,11 +154,26 @@ class ModelDrafter:
             self.lm.truncate(seq, len(ids) - 1)  # them, and feed the last token again
         feed = list(ids[self.lm.length(seq) :])  # catch up: at least the last token
         vocab = self.vocab
+        guess = list(guess[: k - 1]) if vocab is None and not text else []
+        # rows[j]: the draft's logits after the context and guess[:j], valid while the tokens
+        # picked are the guess's (the cache holds the guess until a pick departs from it)
+        self.timed = []
+        rows: list[np.ndarray] | np.ndarray = []
+        if guess:
+            t = time.perf_counter()
+            rows = self.lm.forward([(seq, feed + guess)])[0][len(feed) - 1 :]
+            self.timed.append((len(feed) + len(guess), (time.perf_counter() - t) * 1000.0))
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         conf: list[float] = []
         for i in range(k):
-            row = self.lm.forward([(seq, feed)], last_only=True)[0][-1]
+            if i < len(rows):
+                row = rows[i]
+            else:
+                t = time.perf_counter()
+                row = self.lm.forward([(seq, feed)], last_only=True)[0][-1]
+                if len(feed) == 1:
+                    self.timed.append((1, (time.perf_counter() - t) * 1000.0))
             if text:
                 logits = row[: len(vocab.to_target)]  # the draft's tokens (no padding ids)
             else:
@@ -167,9 +192,14 @@ class ModelDrafter:
                 break
             drafted.append(x)
             tokens.append(x if vocab is None else int(vocab.to_target[x]))
+            if i < len(guess) and x != guess[i]:  # the guess ends here: drop its rest
+                self.lm.truncate(seq, len(ids) + i)
+                rows = rows[: i + 1]
             if i + 1 == k or (keep_going is not None and not keep_going(i + 1, conf[-1])):
                 break
             feed = [x]
+        if self.lm.length(seq) > len(ids) + len(drafted):  # guessed tokens never drafted
+            self.lm.truncate(seq, len(ids) + len(drafted))
         if text:
             self._retokenized[seq] = tokens = vocab.back(drafted)[:k]
             return Draft(tokens, None)
