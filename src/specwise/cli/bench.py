@@ -1,7 +1,7 @@
 """`specwise bench`: its flags and the run of speculative configurations against plain
 decoding, and the subcommands that measure one piece of this machine or read a run back:
-`backend`, `batch`, `suffix`, `report`, `steps`, and `headline` (BENCHMARKS.md's headline from
-the committed run summaries).
+`backend`, `batch`, `drafts`, `suffix`, `report`, `steps`, and `headline` (BENCHMARKS.md's
+headline from the committed run summaries).
 
 It makes `bench`'s subcommand parsers; `bench_replay`, `bench_adapt` and `bench_servers` add
 theirs (each subcommand runs its own function), and it imports none of them. It measures
@@ -180,6 +180,62 @@ def _bench_steps(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_drafts(a: argparse.Namespace) -> int:
+    """`bench drafts`: the draft and its requantized copies, by cost and greedy agreement."""
+    from tqdm import tqdm
+
+    from specwise.backends import load, resolve_model
+    from specwise.backends.requant import RECIPES
+    from specwise.bench import drafts
+    from specwise.bench.replay import record
+    from specwise.bench.session import default_out
+    from specwise.bench.workloads import interleaved, render
+
+    recipes = a.recipes
+    for r in recipes:  # before any model loads
+        if r not in RECIPES:
+            raise UsageError(
+                f"--recipes names {r!r}, not a requantization recipe; use some of: "
+                f"{', '.join(RECIPES)}"
+            )
+    if a.max_tokens < 2:
+        raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
+    target, draft = _load_models(a, need_draft=True)
+    if draft is None:
+        raise UsageError("bench drafts compares draft models: give --draft or --pair")
+    source = a.draft
+    names = [source, *(f"{source}@{r}" for r in recipes)]
+    paths = {n: resolve_model(n) for n in names}
+    lms = {source: draft}
+    for n in names[1:]:
+        lms[n] = load(paths[n], target.info.backend, target.info.threads, max_sequences=1)
+    prompts = interleaved(_bench_prompts(a))
+    ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
+    with tqdm(total=len(ids), desc="target answers", unit="req", file=sys.stderr) as bar:
+        recs = record(target, ids, a.max_tokens, bar.update)
+    with tqdm(total=len(recs), desc="drafts read them", unit="req", file=sys.stderr) as bar:
+        rows, curve = drafts.compare(
+            target, lms, recs, {n: paths[n].stat().st_size / 2**20 for n in names}, bar.update
+        )
+    lines = drafts.table(rows, curve[1])
+    best = max(rows, key=lambda r: r.predicted)
+    verdict = (
+        f"predicted best here: {best.name} (model k={best.best_k}, {best.predicted:.2f}x plain); "
+        f"time it: specwise bench --draft {best.name} --k {best.best_k},auto"
+    )
+    lines += ["", verdict]
+    out = Path(a.out) if a.out else default_out("-drafts")
+    meta = {
+        "command": "specwise " + " ".join(sys.argv[1:]),
+        "target": target.info.model,
+        "target_ms": curve,
+    }
+    drafts.save(out, rows, meta, lines)
+    print("\n".join(lines))
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
 def _bench_suffix(a: argparse.Namespace) -> int:
     from specwise.bench import suffix
     from specwise.bench.session import default_out
@@ -291,6 +347,25 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
     )
     bp.add_argument("trace", help="a rounds.jsonl (from serve --trace, or a bench run)")
     bp.set_defaults(func=_bench_steps)
+    bd = bsub.add_parser(
+        "drafts",
+        help="the draft model and its requantized copies side by side: cost a token, greedy "
+        "agreement with the target, and the speed of model drafting they predict",
+    )
+    _model_args(bd)
+    bd.add_argument(
+        "--recipes",
+        type=_csv(str, "names"),
+        default="q4_0,q5_0",
+        help="requantizations of the draft to compare, comma separated (q4_0, q5_0, iq4_nl; "
+        "default q4_0,q5_0)",
+    )
+    bd.add_argument("--categories", type=_csv(str, "names"), help="categories to run")
+    bd.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
+    bd.add_argument("--limit", type=int, default=1, help="prompts per category (default 1)")
+    bd.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (96)")
+    bd.add_argument("--out", help="output folder (default bench-results/<timestamp>-drafts)")
+    bd.set_defaults(func=_bench_drafts)
     bs = bsub.add_parser("suffix", help="the suffix drafter's memory: build, add and lookup cost")
     bs.add_argument(
         "--sizes",
