@@ -234,11 +234,11 @@ def headline(comparisons: list[dict]) -> list[str]:
 
 def run_engines(opts: EnginesOptions, stream=None) -> dict:
     """Start the servers, run the load, compare, write the outputs; returns the summary."""
+    from specwise.backends import resolve_model
     from specwise.machine import machine
-    from specwise.models import resolve
 
     stream = stream or sys.stdout
-    files = {"target": resolve(opts.target), "draft": resolve(opts.draft)}
+    files = {"target": resolve_model(opts.target), "draft": resolve_model(opts.draft)}
     binary = llama_server.find() if "llama-server" in opts.engines else None
     planned = plan(opts, files, binary)
     opts.out.mkdir(parents=True, exist_ok=True)

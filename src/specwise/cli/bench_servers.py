@@ -41,6 +41,7 @@ def _servers(value: str) -> dict[str, str]:
 
 
 def _bench_engines(a: argparse.Namespace) -> int:
+    from specwise.backends.requant import split_name
     from specwise.bench.engines import ENGINES, EnginesOptions, run_engines
     from specwise.bench.session import default_out
     from specwise.bench.workloads import builtin, interleaved, load_jsonl
@@ -51,9 +52,10 @@ def _bench_engines(a: argparse.Namespace) -> int:
         raise UsageError(f"--pair {a.pair!r} is unknown; known pairs: {', '.join(PAIRS)}")
     target, draft = a.target or PAIRS[a.pair].target, a.draft or PAIRS[a.pair].draft
     for flag, name in (("--target", target), ("--draft", draft)):
-        if name not in CATALOG:
+        if split_name(name)[0] not in CATALOG:
             raise UsageError(
-                f"{flag} {name!r} is not a catalog model; use one of {', '.join(CATALOG)}"
+                f"{flag} {name!r} is not a catalog model; use one of {', '.join(CATALOG)} "
+                f"(or one of them @RECIPE, requantized: @q4_0, @q5_0, @iq4_nl)"
             )
     unknown = [e for e in a.engines if e not in ENGINES]
     if unknown or not a.engines:
@@ -178,7 +180,10 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     )
     be.add_argument("--pair", default="qwen-coder", help="the model pair (qwen-coder)")
     be.add_argument("--target", help="a catalog model instead of the pair's target")
-    be.add_argument("--draft", help="a catalog model instead of the pair's draft")
+    be.add_argument(
+        "--draft",
+        help="a catalog model instead of the pair's draft (NAME@q4_0: requantized, for both)",
+    )
     be.add_argument(
         "--engines",
         type=_csv(str, "names"),
