@@ -270,14 +270,14 @@ def llama_server_binary():
 def test_bench_engines_end_to_end_and_its_recommendation_pasted(
     llama_server_binary, smollm2_path, tmp_path
 ):
-    """specwise and llama-server on the smallest model (its own draft), speculation on and
-    off: one report with every setting, acceptance figures from both engines' counters, and
-    `recommend --for llama-server`'s command started as a user would paste it, running the
-    recommended mode."""
+    """specwise and llama-server on the smallest model (its own draft, requantized to Q4_0:
+    the same file for both), speculation on and off: one report with every setting,
+    acceptance figures from both engines' counters, and `recommend --for llama-server`'s
+    command started as a user would paste it, running the recommended mode."""
     name = "smollm2-135m-instruct"
     opts = EnginesOptions(
         target=name,
-        draft=name,
+        draft=f"{name}@q4_0",
         engines=["specwise", "llama-server"],
         prompts=["Count from one to twenty in words.", "List the days of the week."],
         out=tmp_path / "run",
@@ -316,6 +316,14 @@ def test_bench_engines_end_to_end_and_its_recommendation_pasted(
     # on a shared machine
     assert again[0]["errors"] == 0 and again[0]["throughput_tokens_per_s"] > 0
     assert (drafted > 0) == rec["speculate"], (rec["text"], drafted)
+
+
+def test_bench_engines_names_what_a_model_may_be(capsys):
+    from specwise.cli import main
+
+    assert main(["bench", "engines", "--draft", "nope@q4_0"]) == 2
+    err = capsys.readouterr().err
+    assert "--draft 'nope@q4_0' is not a catalog model" in err and "@q4_0, @q5_0" in err
 
 
 def test_a_request_that_failed_on_either_side_is_left_out_of_the_pairs():
