@@ -66,3 +66,8 @@ def test_an_unknown_recipe_is_one_sentence_before_any_model_loads(capsys):
 def test_too_few_tokens_is_one_sentence(tokens, capsys):
     assert main(["bench", "drafts", "--max-tokens", tokens]) == 2
     assert f"--max-tokens {tokens} is invalid" in capsys.readouterr().err
+
+
+def test_a_requantized_draft_is_not_what_it_compares(capsys):
+    assert main(["bench", "drafts", "--draft", "qwen2.5-coder-0.5b-instruct@q4_0"]) == 2
+    assert "give the draft itself (--draft qwen2.5-coder-0.5b-instruct)" in capsys.readouterr().err

@@ -91,3 +91,14 @@ def test_where_ik_llamas_library_cannot_be_had_mainlines_quantizes(home, smollm2
     made = requant.derive(smollm2_path, "q4_0")
     assert read_header(made).file_type == "Q4_0"
     assert requant.list_derived()[0]["library"].startswith("llama_cpp ")
+
+
+def test_best_is_the_copy_bench_drafts_kept_on_this_machine(home, smollm2_path, capsys):
+    from specwise.backends import resolve_model
+
+    with pytest.raises(ValueError, match=r"no draft chosen .* run `specwise bench drafts --draft"):
+        resolve_model(f"{smollm2_path}@best")
+    requant.remember_best(smollm2_path, "q4_0", "measured here")
+    assert resolve_model(f"{smollm2_path}@best") == requant.derived_path(smollm2_path, "q4_0")
+    requant.remember_best(smollm2_path, None, "the draft itself was best")
+    assert resolve_model(f"{smollm2_path}@best") == smollm2_path

@@ -19,13 +19,14 @@ BACKENDS = ("torch", *GGUF_BACKENDS)
 def resolve_model(model: str | Path) -> Path:
     """A path for `model`: a path that exists, `ollama:NAME[:TAG]` (the file in Ollama's store,
     `stores.resolve_ollama`), or a catalog name (pulled if missing); any of them followed by
-    `@RECIPE`: that model requantized (`specwise.backends.requant`, made on first use)."""
+    `@RECIPE`: that model requantized (`specwise.backends.requant`, made on first use), or
+    `@best`: the copy of it (or itself) that `specwise bench drafts` found best here."""
     if not Path(model).exists() and "@" in str(model):
-        from specwise.backends.requant import derive, split_name
+        from specwise.backends.requant import requantized, split_name
 
         source, recipe = split_name(str(model))
         if recipe is not None:
-            return derive(resolve_model(source), recipe, label=source)
+            return requantized(resolve_model(source), recipe, source)
     if str(model).startswith("ollama:"):
         from specwise.stores import resolve_ollama
 

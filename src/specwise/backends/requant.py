@@ -27,7 +27,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RECIPES", "Recipe", "derive", "derived_path", "list_derived", "split_name"]
+__all__ = [
+    "BEST",
+    "RECIPES",
+    "Recipe",
+    "best",
+    "derive",
+    "derived_path",
+    "list_derived",
+    "remember_best",
+    "requantized",
+    "split_name",
+]
 
 # ggml's type ids (ggml.h, the same in both libraries) and llama_ftype's (llama.h)
 GGML_Q4_0, GGML_Q5_0, GGML_IQ4_NL = 2, 6, 20
@@ -53,18 +64,54 @@ RECIPES = {
 }
 
 
+BEST = "best"  # NAME@best: the copy `specwise bench drafts` found best on this machine
+
+
 def split_name(model: str) -> tuple[str, str | None]:
-    """(source, recipe) of `NAME@RECIPE`; (model, None) for a name without a recipe. Raises
-    ValueError for an unknown recipe."""
+    """(source, recipe) of `NAME@RECIPE` (or NAME@best); (model, None) for a name without
+    one. Raises ValueError for an unknown recipe."""
     source, at, recipe = model.rpartition("@")
     if not at or not source:
         return model, None
-    if recipe not in RECIPES:
+    if recipe not in RECIPES and recipe != BEST:
         raise ValueError(
             f"{recipe!r} (in {model!r}) is not a requantization recipe; use one of: "
-            f"{', '.join(RECIPES)} (e.g. {source}@q4_0)"
+            f"{', '.join(RECIPES)}, or {BEST} (e.g. {source}@q4_0)"
         )
     return source, recipe
+
+
+def _choice_path(source: Path, sha256: str | None = None) -> Path:
+    from specwise.machine import machine
+    from specwise.models import home
+
+    sha256 = sha256 or _source_sha256(source)
+    key = hashlib.sha256(f"{machine()}|{sha256}".encode()).hexdigest()[:20]
+    return home() / "models" / "derived" / "chosen" / f"{key}.json"
+
+
+def remember_best(source: Path, recipe: str | None, why: str) -> None:
+    """Keep what `bench drafts` found best for `source` on this machine (None: the source
+    itself), for `NAME@best`."""
+    from specwise.models import save_json
+
+    save_json(_choice_path(source), {"recipe": recipe, "why": why}, indent=1)
+
+
+def best(source: Path, label: str) -> str | None:
+    """The recipe `bench drafts` found best for `source` on this machine (None: the source
+    itself); ValueError, saying what to run, where it has not measured it here."""
+    try:
+        data = json.loads(_choice_path(source).read_text())
+        recipe = data["recipe"]
+    except (OSError, ValueError, KeyError):
+        raise ValueError(
+            f"{label}@{BEST}: no draft chosen for {label} on this machine yet; run `specwise "
+            f"bench drafts --draft {label}` once (it measures its copies and keeps the best)"
+        ) from None
+    if recipe is not None and recipe not in RECIPES:
+        raise ValueError(f"{label}@{BEST}: the kept choice names no recipe ({recipe!r})")
+    return recipe
 
 
 def _source_sha256(source: Path) -> str:
@@ -96,7 +143,9 @@ def derive(source: Path, recipe: str, label: str | None = None) -> Path:
     from specwise.models import save_json
 
     if recipe not in RECIPES:
-        split_name(f"{source}@{recipe}")  # raises the one sentence
+        raise ValueError(
+            f"{recipe!r} is not a requantization recipe; use one of: {', '.join(RECIPES)}"
+        )
     source = Path(source)
     if not source.is_file():
         raise FileNotFoundError(f"the model to requantize, {str(source)!r}, is not a file")
@@ -160,6 +209,24 @@ def derive(source: Path, recipe: str, label: str | None = None) -> Path:
         file=sys.stderr,
     )
     return dest
+
+
+def requantized(source: Path, recipe: str, label: str, make: bool = True) -> Path:
+    """The file of `source`@`recipe` (@best: the one `best` names, maybe `source` itself):
+    made where missing (make), else FileNotFoundError saying how to make it."""
+    if recipe == BEST:
+        chosen = best(source, label)
+        if chosen is None:
+            return source
+        recipe = chosen
+    if make:
+        return derive(source, recipe, label=label)
+    path = derived_path(source, recipe)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{label}@{recipe} is not made yet; run: specwise models pull {label}@{recipe}"
+        )
+    return path
 
 
 def list_derived() -> list[dict]:

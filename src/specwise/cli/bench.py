@@ -185,7 +185,7 @@ def _bench_drafts(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from specwise.backends import load, resolve_model
-    from specwise.backends.requant import RECIPES
+    from specwise.backends.requant import RECIPES, remember_best, split_name
     from specwise.bench import drafts
     from specwise.bench.replay import record
     from specwise.bench.session import default_out
@@ -200,9 +200,15 @@ def _bench_drafts(a: argparse.Namespace) -> int:
             )
     if a.max_tokens < 2:
         raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
-    target, draft = _load_models(a, need_draft=True)
-    if draft is None:
+    _apply_pair(a)
+    if not a.draft:
         raise UsageError("bench drafts compares draft models: give --draft or --pair")
+    if split_name(a.draft)[1] is not None:
+        raise UsageError(
+            f"--draft {a.draft}: bench drafts sets a draft beside its requantized copies; "
+            f"give the draft itself (--draft {split_name(a.draft)[0]})"
+        )
+    target, draft = _load_models(a, need_draft=True)
     source = a.draft
     names = [source, *(f"{source}@{r}" for r in recipes)]
     paths = {n: resolve_model(n) for n in names}
@@ -218,11 +224,13 @@ def _bench_drafts(a: argparse.Namespace) -> int:
             target, lms, recs, {n: paths[n].stat().st_size / 2**20 for n in names}, bar.update
         )
     lines = drafts.table(rows, curve[1])
-    best = max(rows, key=lambda r: r.predicted)
+    top = max(rows, key=lambda r: r.predicted)
     verdict = (
-        f"predicted best here: {best.name} (model k={best.best_k}, {best.predicted:.2f}x plain); "
-        f"time it: specwise bench --draft {best.name} --k {best.best_k},auto"
+        f"predicted best here: {top.name} (model k={top.best_k}, {top.predicted:.2f}x plain), "
+        f"kept as {source}@best; time it: specwise bench --draft {top.name} --k "
+        f"{top.best_k},auto"
     )
+    remember_best(paths[source], split_name(top.name)[1], verdict)
     lines += ["", verdict]
     out = Path(a.out) if a.out else default_out("-drafts")
     meta = {

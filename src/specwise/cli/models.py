@@ -16,7 +16,7 @@ __all__ = ["add_parser", "cmd_models"]
 
 def cmd_models(a: argparse.Namespace) -> int:
     from specwise import models
-    from specwise.backends.requant import derive, derived_path, list_derived, split_name
+    from specwise.backends.requant import list_derived, requantized, split_name
 
     if a.models_command == "list":
         print(f"{'name':32} {'role':7} {'size':>9}  {'pulled':6}  description")
@@ -41,7 +41,7 @@ def cmd_models(a: argparse.Namespace) -> int:
     elif a.models_command == "pull":
         source, recipe = split_name(a.name)
         path = models.pull(source, source=a.source)
-        print(path if recipe is None else derive(path, recipe, label=source))
+        print(path if recipe is None else requantized(path, recipe, source))
     elif a.models_command == "path":
         if a.name in models.PAIRS:
             raise UsageError(f"{a.name!r} is a pair; ask for one model: `models path NAME`")
@@ -53,9 +53,10 @@ def cmd_models(a: argparse.Namespace) -> int:
         else:
             path = models.resolve(source, pull_missing=False)
         if recipe is not None:
-            path = derived_path(path, recipe)
-            if not path.is_file():
-                raise UsageError(f"{a.name} is not made yet; run: specwise models pull {a.name}")
+            try:
+                path = requantized(path, recipe, source, make=False)
+            except FileNotFoundError as exc:
+                raise UsageError(str(exc)) from None
         print(path)
     return 0
 
@@ -105,7 +106,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     mp = msub.add_parser(
         "pull",
         help="download, assemble and verify a model (or a pair); NAME@RECIPE (q4_0, q5_0, "
-        "iq4_nl) also makes that model requantized, a cheaper draft",
+        "iq4_nl; best: the one `bench drafts` kept here) also makes that model requantized, "
+        "a cheaper draft",
     )
     mp.add_argument("name")
     mp.add_argument("--from", dest="source", help="use this local file instead of downloading")
