@@ -155,7 +155,7 @@ def test_a_cascade_that_trusts_its_guess_fails_the_equality_check(monkeypatch):
 def test_a_guess_is_fed_only_as_far_as_it_is_expected_to_pay():
     d = CascadeDrafter(ToyLM(vocab=12, seed=2), guides=[Guide(lambda ctx: [])])
     assert d.worth(0, 3) == 3  # nothing timed yet: feed the whole guess
-    d.step_ms, d.row_ms, d.hits = 10.0, 6.0, [0.9, 0.7, 0.5]
+    d.ms, d.hits = {"step": 10.0, "row": 6.0}, {0: 0.9, 1: 0.7, 2: 0.5}
     assert d.worth(0, 3) == 2  # 0.9 and 0.7 of a 10 ms step beat a 6 ms row; 0.5 does not
     assert d.worth(0, 1) == 1 and d.worth(0, 0) == 0
 
@@ -180,6 +180,6 @@ def test_the_cascade_learns_its_guides_and_its_draft_models_costs(guess):
     if guess == "right":  # every row came from the guess: no step timed, so it feeds them all
         assert d.hits[0] > 0.99 and lm.calls - before == 1
     else:
-        assert d.step_ms == pytest.approx(3.0, abs=1.0)
-        assert d.row_ms == pytest.approx(2.0, abs=1.0)
+        assert d.ms["step"] == pytest.approx(3.0, abs=1.0)
+        assert d.ms["row"] == pytest.approx(2.0, abs=1.0)
         assert d.hits[0] < 0.3 and d.worth(0, 3) == 0 and lm.calls - before == 4

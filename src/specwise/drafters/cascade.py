@@ -3,9 +3,11 @@
 Staged / cascade speculative decoding: a cheap drafter's guess of what the draft model will
 pick is checked by the draft model in the same forward as its catch-up, so a right guess saves
 the draft model one-token steps. The draft is the draft model's own (what `ModelDrafter`
-drafts without a guess: the same tokens, q and random draws), so it is verified like it, with
-the same lossless rules; only the drafting cost differs, and the controller learns it under
-this drafter's name, round by round, beside the model drafter's.
+drafts without a guess: the same tokens, q and random draws, on an LM that computes a row
+alike in a forward of one token or of several; llama.cpp's kernels may round them apart, which
+can move a near-tie of the draft's), and it is verified like any draft, with the same lossless
+rules; only the drafting cost differs, and the controller learns it under this drafter's name,
+round by round, beside the model drafter's.
 
 A guessed token is not free: its row costs the draft model's forward some more (the output
 layer runs for it), which on a CPU where a forward of several tokens is compute-bound is a good
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specwise.backends.base import LM
-from specwise.backends.curves import EMA
+from specwise.backends.curves import blend
 from specwise.drafters.base import Draft, Drafter, KeepGoing, register
 from specwise.drafters.model import ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
@@ -59,10 +61,11 @@ class CascadeDrafter:
         self.guides = list(guides) or [NgramDrafter()]
         self.note: str | None = None
         self.fingerprint = f"cascade:{self.model.fingerprint}"
-        self.step_ms: float | None = None  # c_1: the draft model's one-token step
-        self.row_ms: float | None = None  # b: one more row in a forward of a guess
-        self.hits: list[float] = []  # h_i over requests (position i-1); a request's start here
-        self._hits: dict[int, list[float]] = {}  # seq -> h_i of its own rounds
+        # ms: "step", c_1, the draft model's one-token step; "row", b, what one more row adds
+        # to a forward of a guess
+        self.ms: dict[str, float] = {}
+        self.hits: dict[int, float] = {}  # i-1 -> h_i over requests; a request's start here
+        self._hits: dict[int, dict[int, float]] = {}  # seq -> h_i of its own rounds
 
     def bind(self, target: LM) -> None:
         if self.model.width != target.vocab_size or self.model.note is None:
@@ -77,7 +80,7 @@ class CascadeDrafter:
         self.note = self.model.note
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
-        self._hits[seq] = list(self.hits)
+        self._hits[seq] = dict(self.hits)
         self.model.begin(seq, prompt, tenant)
         for g in self.guides if self._own else ():
             g.begin(seq, prompt, tenant)
@@ -110,31 +113,26 @@ class CascadeDrafter:
 
     def worth(self, seq: int, n: int) -> int:
         """How many of a guess of n tokens to feed (the module docstring's rule)."""
-        if self.row_ms is None or self.step_ms is None:
+        if "row" not in self.ms:
             return n
         hits = self._hits.get(seq, self.hits)
         g = 0
-        while g < n and (hits[g] if g < len(hits) else 1.0) * self.step_ms > self.row_ms:
+        while g < n and hits.get(g, 1.0) * self.ms["step"] > self.ms["row"]:
             g += 1
         return g
 
     def _learn(self, seq: int, offer: Sequence[int], drafted: Sequence[int]) -> None:
         """h_i from this round's draft (fed or not), c_1 and b from its timed forwards."""
-        mine = self._hits.setdefault(seq, list(self.hits))
+        mine = self._hits.setdefault(seq, dict(self.hits))
         for i in range(min(len(offer), len(drafted))):
             hit = float(all(offer[j] == drafted[j] for j in range(i + 1)))
-            for h in (mine, self.hits):
-                if i < len(h):
-                    h[i] = (1 - EMA) * h[i] + EMA * hit
-                else:
-                    h.append(hit)
-        for n, ms in self.model.timed:
+            blend(mine, i, hit)
+            blend(self.hits, i, hit)
+        for n, ms in sorted(self.model.timed):  # the steps first: a row is priced against one
             if n == 1:
-                self.step_ms = ms if self.step_ms is None else (1 - EMA) * self.step_ms + EMA * ms
-        for n, ms in self.model.timed:
-            if n > 1 and self.step_ms is not None:
-                b = max(0.0, (ms - self.step_ms) / (n - 1))
-                self.row_ms = b if self.row_ms is None else (1 - EMA) * self.row_ms + EMA * b
+                blend(self.ms, "step", ms)
+            elif "step" in self.ms:
+                blend(self.ms, "row", max(0.0, (ms - self.ms["step"]) / (n - 1)))
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:
         self.model.commit(seq, accepted, emitted)
