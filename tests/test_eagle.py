@@ -512,3 +512,19 @@ def test_an_unsure_layer_grows_no_level_below_the_floor():
     cache.net.expand = lambda *a: calls.append(1) or expand(*a)
     tree = propose_tree(layer, cache, root, 12, 3)
     assert FLOOR > 1 / 200 and tree.parents == [-1, -1, -1] and not calls
+
+
+def test_ctrl_c_asks_data_making_to_stop_and_a_second_one_stops_it_at_once():
+    """`heads data` runs its forwards with a ctypes callback that would swallow a
+    KeyboardInterrupt: the first Ctrl-C sets a flag its loop reads between sequences."""
+    import signal
+
+    said: list[str] = []
+    before = signal.getsignal(signal.SIGINT)
+    with teacher.interruptible(said.append) as pressed:
+        assert not pressed()
+        signal.raise_signal(signal.SIGINT)
+        assert pressed() and "stopping after this sequence" in said[0]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before

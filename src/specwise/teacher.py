@@ -24,9 +24,12 @@ This module measures data rates (positions per second of each way, `Writer.rate`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -385,6 +388,31 @@ def bench_complete(folder: Path) -> bool:
     return all(_digest(p.turns[0]) in asked for p in shipped())
 
 
+@contextlib.contextmanager
+def interruptible(say: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
+    """Ctrl-C (SIGINT) asks the work inside to stop at its next check: yields whether it was
+    pressed; a second one raises KeyboardInterrupt. A KeyboardInterrupt raised while the library
+    runs a forward is raised in a ctypes callback (the hidden-state tap, the log) and lost
+    there, so a flag, read between sequences, is what stops data making cleanly. Outside the
+    main thread (where no handler can be set) it yields a check that is never true."""
+    pressed: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+
+    def on_interrupt(signum, frame) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        say("specwise: stopping after this sequence, its data kept (Ctrl-C again: at once)")
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def collect(
     target: LM,
     folder: Path,
@@ -425,7 +453,7 @@ def collect(
 
     def stop() -> bool:
         late = deadline is not None and time.monotonic() >= deadline
-        return late or writer.positions() >= positions
+        return late or pressed() or writer.positions() >= positions
 
     def behind(margin: int = 0) -> bool:  # the answers are short of their share (+ margin)
         return writer.positions("answer") < answers * writer.positions() + margin
@@ -443,7 +471,10 @@ def collect(
         bar.update(max(0, min(positions, writer.positions()) - bar.n))
         bar.set_postfix(read=f"{writer.rate('read'):.0f}/s", answer=f"{writer.rate('answer'):.0f}/s")
 
-    try:
+    with contextlib.ExitStack() as stack:
+        pressed = stack.enter_context(interruptible(progress))
+        stack.callback(bar.close)
+        stack.callback(writer.flush)
         while not stop():
             if behind() and answers > 0:
                 if all(writer.done("answer", _digest(p)) for p in asks):
@@ -458,9 +489,6 @@ def collect(
                 if answers in (0.0, 1.0):
                     break  # the corpus ran out
                 answers = 1.0
-    finally:
-        writer.flush()
-        bar.close()
     return summary(folder)
 
 
