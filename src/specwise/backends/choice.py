@@ -148,8 +148,8 @@ def open_backends(target: Path, threads: int | None, flash_attn: bool) -> dict[s
     from specwise.backends.llama_cpp import LlamaCppLM
 
     lms: dict[str, LM] = {}
+    kw = dict(threads=threads, context_length=2048, max_sequences=1)
     for name, (backend, flash) in CANDIDATES.items():
-        kw = dict(threads=threads, context_length=2048, max_sequences=1)
         if backend == "llama_cpp":
             lms[name] = LlamaCppLM(target, **kw)
         elif flash_attn or not flash:

@@ -18,6 +18,7 @@ standard GGUF types of `RECIPES`. This module loads no model and runs no forward
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -115,17 +116,22 @@ def best(source: Path, label: str) -> str | None:
 
 
 def _source_sha256(source: Path) -> str:
-    """The source's sha256: the catalog's, for a catalog file verified in place, else read."""
-    from specwise.models import CATALOG, is_pulled, model_path
+    """The source's sha256: the catalog's, for a catalog file verified in place, else read
+    (once a process for a file of this size and time: resolving NAME@best, its copy's path and
+    the copy each ask)."""
+    from specwise.models import CATALOG, _stamp, is_pulled, model_path
 
     for entry in CATALOG.values():
         if model_path(entry.name) == source and is_pulled(entry.name):
             return entry.sha256
-    h = hashlib.sha256()
-    with source.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return _read_sha256(str(source), _stamp(source))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_sha256(path: str, stamp: str) -> str:
+    from specwise.models import _sha256_file
+
+    return _sha256_file(Path(path), f"sha256 {Path(path).name}")
 
 
 def derived_path(source: Path, recipe: str, sha256: str | None = None) -> Path:
