@@ -15,6 +15,7 @@ import pytest
 from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
+from specwise.drafters.eagle_layer import projected
 from specwise.oracle import plain_decode
 from test_heads import SAMPLED, assert_emits_the_target_distribution
 from toy import ToyLM, ToyTokenizer, tiny_llama
@@ -405,6 +406,17 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert "--epochs 0" in capsys.readouterr().err
     assert main(["heads", "train", *target, "--epochs", "1"]) == 2  # the heads take no epochs
     assert "add --arch eagle" in capsys.readouterr().err
+    assert main(["heads", "train", *target, "--arch", "eagle", "--kinds", "answer,poems"]) == 2
+    assert "--kinds 'answer,poems': use read or answer" in capsys.readouterr().err
+    small = ["--width", "16", "--vocab", "64", "--depth", "2"]
+    assert main(["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--kinds",
+                 "answer", *small]) == 0
+    record = json.loads(eagle.find(smollm2_path).with_suffix(".json").read_text())
+    answered = teacher.Data(eagle.data_path(smollm2_path, layers), kinds=("answer",))
+    assert record["kinds"] == ["answer"]
+    fit = eagle_training.training_sequences(answered)
+    assert record["train_positions"] == answered.lengths[fit].sum()
+    capsys.readouterr()
     argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--curve",
             "--width", "16", "--vocab", "64", "--depth", "2"]
     assert main(argv) == 0
@@ -469,8 +481,36 @@ def test_the_targets_output_rows_and_final_norm_are_read_from_its_file(smollm2, 
     norm = weights.final_norm(smollm2)
     assert rows.shape == (3, 576) and norm.shape == (576,) and norm.dtype == np.float32
     assert np.isfinite(rows).all() and 0.1 < float(np.abs(norm).mean()) < 100
+    embedded = weights.embedding(smollm2, np.array([0, 5, 9]))
+    assert embedded.shape == (3, 576) and np.isfinite(embedded).all()
     torch_lm = TorchLM(tiny_llama(vocab=16, seed=0, layers=2), hidden=True)
     assert weights.final_norm(torch_lm).shape == (torch_lm.hidden_size,)
+    assert weights.embedding(torch_lm, np.array([1, 2])).shape == (2, torch_lm.hidden_size)
+
+
+def test_the_token_embedding_starts_from_the_targets_where_given():
+    """E starts as the target's embeddings along their leading principal directions: at a
+    width past their rank the angles between tokens are the target's exactly, each row at
+    E's random start's scale; narrower, the directions that carry the most are kept."""
+    rng = np.random.default_rng(4)
+    d, ids = 12, [0, 2, 5, 7, 8]
+    rows = rng.standard_normal((len(ids), d)).astype(np.float32)
+    layer = Layer(d, LAYERS, ids, 9, width=16, embedding=rows)
+    e = layer.module.emb.weight.detach().numpy()
+    assert layer.start == "embedding" and Layer(d, LAYERS, ids, 9, width=16).start == "random"
+
+    def cosines(x):
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        return x @ x.T
+
+    np.testing.assert_allclose(cosines(e[: len(ids)]), cosines(rows), atol=1e-5)
+    np.testing.assert_allclose(np.sqrt((e[: len(ids)] ** 2).mean(1)), 0.02, rtol=1e-5)
+    assert not e[len(ids)].any()  # the index of every other id stays at zero
+    low = np.outer(rng.standard_normal(len(ids)), rng.standard_normal(d))  # rank 1
+    narrow = projected(low + 1e-3 * rows, 1)
+    np.testing.assert_allclose(abs(cosines(narrow)), 1.0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"embedding has shape \(5, 3\)"):
+        Layer(d, LAYERS, ids, 9, width=16, embedding=np.ones((5, 3)))
 
 
 def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):

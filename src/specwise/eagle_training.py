@@ -19,7 +19,7 @@
   subset of about n positions that every larger subset contains (the learning curve's).
 - **Schedule**: AdamW at `lr`, a short warm-up, then down linearly to a tenth over the time
   or the epochs given; a checkpoint beside the data every few minutes and at the end, from
-  which a stopped run goes on (the same vocabulary, shape and subset; epochs count from the
+  which a stopped run goes on (the same vocabulary, shape, start and subset; epochs count from the
   first step, so a resumed run ends where the first would have).
 - **Precision** (`faster_in_bf16`): the first steps alternate float32 and bfloat16 products
   (autocast; the weights stay float32) and the rest run in whichever this CPU ran faster.
@@ -205,7 +205,8 @@ def train(
 ) -> dict:
     """Train `layer` on the training sequences of `data` (with `positions`, on about that
     many: `training_sequences`) for about `seconds`, or for `epochs` passes over them,
-    resuming from `checkpoint` where it holds one for the same vocabulary, shape and data;
+    resuming from `checkpoint` where it holds one for the same vocabulary, shape, start
+    (`Layer.start`) and training positions;
     returns what was done and `evaluate` on the held-out sequences. With `curve` (positions
     seen) and `judge` (a layer -> its scores), the result's `curve` holds what `judge` said
     as the training passed each of them: in a first epoch, the layer trained on that many
@@ -224,7 +225,8 @@ def train(
     module = layer.module
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
-           "layers": list(layer.layers), "positions": positions}
+           "layers": list(layer.layers), "positions": positions, "start": layer.start,
+           "train_positions": total}
     step, seen, spent = 0, 0, 0.0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -234,7 +236,7 @@ def train(
             step, seen, spent = state["step"], state["positions"], state.get("seconds", 0.0)
             progress(f"resuming from {checkpoint.name}: step {step}, {seen} positions seen")
         else:
-            progress(f"{checkpoint.name} was trained for another vocabulary or shape; "
+            progress(f"{checkpoint.name} was trained for another vocabulary, shape or start; "
                      "training from the start")
     rng = np.random.default_rng(seed + step)
     module.train()

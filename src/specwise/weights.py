@@ -1,6 +1,7 @@
 """The target's own weights that drafters start from: the output layer's rows for a reduced
 vocabulary (`unembedding`: the heads' and the eagle layer's output start there, and the
-teacher computes a read text's labels with them) and the final norm's weights (`final_norm`:
+teacher computes a read text's labels with them), its token embeddings' rows (`embedding`: the
+eagle layer's token embedding starts from them) and the final norm's weights (`final_norm`:
 the eagle layer's output norm starts there). Read from a GGUF file (dequantized with the gguf
 package; an Ollama blob has no suffix) or from a torch model.
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from specwise.backends.base import LM
 
-__all__ = ["final_norm", "unembedding"]
+__all__ = ["embedding", "final_norm", "unembedding"]
 
 
 def _gguf_tensor(target: LM, names: tuple[str, ...]):
@@ -46,6 +47,16 @@ def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
     if model is not None and hasattr(model, "get_output_embeddings"):
         return model.get_output_embeddings().weight.detach().float().numpy()[ids]
     tensor = _gguf_tensor(target, ("output.weight", "token_embd.weight"))
+    return None if tensor is None else _dequantize(tensor, np.asarray(ids))
+
+
+def embedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
+    """The target's token embeddings for `ids` [len(ids), hidden_size] float32, or None where
+    they cannot be read."""
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, "get_input_embeddings"):
+        return model.get_input_embeddings().weight.detach().float().numpy()[ids]
+    tensor = _gguf_tensor(target, ("token_embd.weight",))
     return None if tensor is None else _dequantize(tensor, np.asarray(ids))
 
 

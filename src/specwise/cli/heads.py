@@ -133,12 +133,17 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         raise UsageError(
             f"--epochs {a.epochs}, --positions {a.positions}: use --epochs > 0 and --positions >= 1"
         )
+    kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - set(teacher.KINDS):
+        raise UsageError(
+            f"--kinds {a.kinds!r}: use {' or '.join(teacher.KINDS)}, or both comma separated"
+        )
     _apply_pair(a)
     model = resolve_model(a.target)
     layers = layers_for(model_layers(model))
     folder = data_path(model, layers)
     try:
-        data = teacher.Data(folder)
+        data = teacher.Data(folder, kinds=kinds)
     except ValueError:
         raise UsageError(
             f"no training data for {model.name} here yet; make it with `specwise heads data "
@@ -152,8 +157,11 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
     layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
                   width=a.width, depth=a.depth, meta=meta,
-                  unembedding=weights.unembedding(target, ids), final_norm=weights.final_norm(target))
-    size = "" if a.positions is None else f"-{a.positions}"
+                  unembedding=weights.unembedding(target, ids), final_norm=weights.final_norm(target),
+                  embedding=weights.embedding(target, ids))
+    size = ("" if a.positions is None else f"-{a.positions}") + (
+        "" if kinds == teacher.KINDS else "-" + "-".join(kinds)
+    )
     ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}{size}.pt"
     bench = bench_path(model, layers)
     bench_data = teacher.Data(bench) if teacher.bench_complete(bench) else None
@@ -174,7 +182,8 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     if bench_data is not None:
         result["bench"] = eagle_training.evaluate(layer, bench_data)
     layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=total,
-                      data=teacher.summary(folder), machine=machine(), **result)
+                      data=teacher.summary(folder), kinds=list(kinds), machine=machine(),
+                      **result)
     out = heads_path(model) / FILE
     layer.save(out)
     eagle_training.save_result(out, layer.meta)
@@ -265,8 +274,10 @@ def cmd_heads(a: argparse.Namespace) -> int:
         )
     if a.arch == "eagle":
         return _heads_train_eagle(a)
-    if a.epochs is not None or a.positions is not None or a.curve:
-        raise UsageError("--epochs, --positions and --curve train the eagle layer: add --arch eagle")
+    if a.epochs is not None or a.positions is not None or a.curve or a.kinds != "read,answer":
+        raise UsageError(
+            "--epochs, --positions, --kinds and --curve train the eagle layer: add --arch eagle"
+        )
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
     out = distill.run(target, a.minutes, a.heads, a.vocab or 2048, a.sequences)
     print(f"specwise: saved to {out}; draft with --drafter heads (or among them, with --k auto)")
@@ -308,6 +319,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ht.add_argument(
         "--positions", type=int,
         help="eagle: train on about this many positions of the data (a fixed subset; default all)",
+    )
+    ht.add_argument(
+        "--kinds", default="read,answer",
+        help="eagle: the data's sequences to train on, comma separated: read (the corpus, teacher "
+        "forced), answer (the target's own answers); default both",
     )
     ht.add_argument(
         "--curve", action="store_true",
