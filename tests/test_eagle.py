@@ -377,6 +377,7 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
 
     import specwise.prompts
     from specwise.backends import ik_llama
+    from specwise.cli import heads as heads_cli
     from specwise.cli import main
     from specwise.drafters import eagle
     from specwise.prompts import Prompt
@@ -408,6 +409,7 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert "add --arch eagle" in capsys.readouterr().err
     assert main(["heads", "train", *target, "--arch", "eagle", "--kinds", "answer,poems"]) == 2
     assert "--kinds 'answer,poems': use read or answer" in capsys.readouterr().err
+    assert ",".join(teacher.KINDS) == heads_cli.ALL_KINDS  # --kinds' default: all of them
     small = ["--width", "16", "--vocab", "64", "--depth", "2"]
     assert main(["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--kinds",
                  "answer", *small]) == 0

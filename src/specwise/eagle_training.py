@@ -19,8 +19,8 @@
   subset of about n positions that every larger subset contains (the learning curve's).
 - **Schedule**: AdamW at `lr`, a short warm-up, then down linearly to a tenth over the time
   or the epochs given; a checkpoint beside the data every few minutes and at the end, from
-  which a stopped run goes on (the same vocabulary, shape, start and subset; epochs count from the
-  first step, so a resumed run ends where the first would have).
+  which a stopped run goes on (the same vocabulary, shape, start and subset; epochs count from
+  the first step, so a resumed run ends where the first would have).
 - **Precision** (`faster_in_bf16`): the first steps alternate float32 and bfloat16 products
   (autocast; the weights stay float32) and the rest run in whichever this CPU ran faster.
 - **Score** (`evaluate`): on held-out sequences, by depth, how often the layer's argmax is the
@@ -206,10 +206,9 @@ def train(
     """Train `layer` on the training sequences of `data` (with `positions`, on about that
     many: `training_sequences`) for about `seconds`, or for `epochs` passes over them,
     resuming from `checkpoint` where it holds one for the same vocabulary, shape, start
-    (`Layer.start`) and training positions;
-    returns what was done and `evaluate` on the held-out sequences. With `curve` (positions
-    seen) and `judge` (a layer -> its scores), the result's `curve` holds what `judge` said
-    as the training passed each of them: in a first epoch, the layer trained on that many
+    (`Layer.start`) and training positions; returns what was done and `evaluate` on the
+    held-out sequences. With `curve` (positions seen) and `judge` (a layer -> its scores),
+    the result's `curve` holds what `judge` said as the training passed each of them: in a first epoch, the layer trained on that many
     distinct positions, at the learning rate of that point of the schedule."""
     import torch
     from tqdm import tqdm

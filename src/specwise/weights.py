@@ -40,24 +40,26 @@ def _dequantize(tensor, rows: np.ndarray | None = None) -> np.ndarray:
     return values if rows is None else values.reshape(len(rows), -1)
 
 
+def _rows(target: LM, ids: np.ndarray, torch_getter: str, names: tuple[str, ...]):
+    """Rows `ids` of a [vocab, hidden_size] matrix of the target as float32: a torch model's
+    `torch_getter()` weight, or the first of the GGUF tensors `names`; None where neither is."""
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, torch_getter):
+        return getattr(model, torch_getter)().weight.detach().float().numpy()[ids]
+    tensor = _gguf_tensor(target, names)
+    return None if tensor is None else _dequantize(tensor, np.asarray(ids))
+
+
 def unembedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
     """The target's output-layer rows for `ids` [len(ids), hidden_size] float32 (the token
     embeddings where the output is tied to them), or None where they cannot be read."""
-    model = getattr(target, "model", None)
-    if model is not None and hasattr(model, "get_output_embeddings"):
-        return model.get_output_embeddings().weight.detach().float().numpy()[ids]
-    tensor = _gguf_tensor(target, ("output.weight", "token_embd.weight"))
-    return None if tensor is None else _dequantize(tensor, np.asarray(ids))
+    return _rows(target, ids, "get_output_embeddings", ("output.weight", "token_embd.weight"))
 
 
 def embedding(target: LM, ids: np.ndarray) -> np.ndarray | None:
     """The target's token embeddings for `ids` [len(ids), hidden_size] float32, or None where
     they cannot be read."""
-    model = getattr(target, "model", None)
-    if model is not None and hasattr(model, "get_input_embeddings"):
-        return model.get_input_embeddings().weight.detach().float().numpy()[ids]
-    tensor = _gguf_tensor(target, ("token_embd.weight",))
-    return None if tensor is None else _dequantize(tensor, np.asarray(ids))
+    return _rows(target, ids, "get_input_embeddings", ("token_embd.weight",))
 
 
 def final_norm(target: LM) -> np.ndarray | None:

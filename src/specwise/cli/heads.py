@@ -197,6 +197,7 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     return 0
 
 
+ALL_KINDS = "read,answer"  # teacher.KINDS, as --kinds spells them
 CURVE_FIRST = 62_500  # the learning curve's first point, in positions seen; then doublings
 CURVE_LIMIT = 40_000  # held-out positions scored at each point of the curve
 
@@ -274,7 +275,7 @@ def cmd_heads(a: argparse.Namespace) -> int:
         )
     if a.arch == "eagle":
         return _heads_train_eagle(a)
-    if a.epochs is not None or a.positions is not None or a.curve or a.kinds != "read,answer":
+    if a.epochs is not None or a.positions is not None or a.curve or a.kinds != ALL_KINDS:
         raise UsageError(
             "--epochs, --positions, --kinds and --curve train the eagle layer: add --arch eagle"
         )
@@ -321,7 +322,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="eagle: train on about this many positions of the data (a fixed subset; default all)",
     )
     ht.add_argument(
-        "--kinds", default="read,answer",
+        "--kinds", default=ALL_KINDS,
         help="eagle: the data's sequences to train on, comma separated: read (the corpus, teacher "
         "forced), answer (the target's own answers); default both",
     )

@@ -17,8 +17,8 @@ predicting x_{t+2}. Out and its norm start as the target's own output rows for `
 final norm, and Back at zero, so the layer starts as the target's reading of its top layer
 (its guess at x_{t+1}) and learns the correction in the target's space: measured on 70k
 positions, α1 on the bench's answers 0.21 against 0.18 with Out at the layer's width. E
-starts from the target's own token embeddings (`projected`). To
-draft further it runs on its own output, as it was trained to (training-time test,
+starts from the target's own token embeddings (`projected`). To draft further it runs on its
+own output, as it was trained to (training-time test,
 `specwise.eagle_training`): at draft depth j >= 1 the feature it reads in place of f is the
 feature a of its parent draft token, with that token's embedding, the state it corrects is its
 parent's ŝ, and it attends to the committed positions and to the draft tokens on its path.
@@ -72,8 +72,8 @@ class Layer:
     trained to; unembedding [len(ids), hidden_size] and final_norm [hidden_size]: the target's
     output rows for `ids` and its final norm's weights, where Out and its norm start (else at
     random and at one); embedding [len(ids), hidden_size]: the target's token embeddings for
-    `ids`, where E starts (`projected`; else at random). `module` is the torch module (training); `read` and `expand` run its int8 copy
-    (drafting)."""
+    `ids`, where E starts (`projected`; else at random). `module` is the torch module
+    (training); `read` and `expand` run its int8 copy (drafting)."""
 
     def __init__(
         self,
