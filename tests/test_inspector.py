@@ -156,6 +156,9 @@ def test_a_step_that_changes_sampling_says_so_and_bad_settings_are_refused(serve
         assert httpx.post(url, json={}, headers=auth("key-b")).status_code == 404
         gone = httpx.delete(f"{server}/ui/api/sessions/{sid}", headers=auth("key-a"))
         assert gone.json() == {"ok": True}
+        # and its events stream ends, saying so (it would wait, and hold a server's shutdown)
+        event = events.next(timeout=30)
+        assert event["type"] == "error" and "cancelled" in event["message"], event
     finally:
         events.close()
 

@@ -50,6 +50,8 @@ PREFILL_CHUNK = 16  # default tokens of a long prompt fed between two rounds (BE
 WHOLE_PROMPT = 64  # default: prompts of at most this many tokens go in whole (BENCHMARKS §8)
 RECENT = 64  # finished jobs kept for the inspector's list
 OVERTAKES = 2  # later, shorter long prompts a long prompt lets in before it; then it goes first
+# what a cancelled job tells whoever still listens to its events (499: the client closed it)
+CANCELLED = (499, "the request was cancelled before its end")
 
 
 class QueueFull(Exception):
@@ -249,6 +251,7 @@ class Scheduler:
         for job in [j for j in self._pending if j.cancelled]:
             self._pending.remove(job)
             job.state = "cancelled"
+            job.emit("error", CANCELLED)
             self.metrics.requests.labels("cancelled").inc()
 
     def _drop_cancelled(self) -> None:
@@ -407,7 +410,9 @@ class Scheduler:
         self.recent.append(job)
         self.metrics.requests.labels(status).inc()
         self.metrics.running.set(len(self._running))
-        if error is not None:
+        if status == "cancelled":  # whoever still listens (an inspector page) hears the end
+            job.emit("error", CANCELLED)
+        elif error is not None:
             job.emit("error", error)
         elif status == "ok":
             tail = job.req.detok.take(final=True) if job.req.detok is not None else ""
