@@ -241,6 +241,50 @@ def test_answering_after_the_stop_starts_nothing_and_finishes_what_it_began(tmp_
     assert data.lengths.tolist() == [5 + 12 - 1] * 3
 
 
+def test_the_target_invents_asks_then_answers_them_and_a_rerun_adds_nothing(
+    tmp_path, monkeypatch
+):
+    """`answer_invented`: the target's replies to the invention prompts are kept (source
+    `invented`), the asks made of those that reached their end of turn are answered (source
+    `invented-answers`), named, split and drawn by the invention's index and the ask's; a
+    second run finds everything done."""
+    from specwise import asks
+
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=LAYERS)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    target.eos_token_ids = frozenset({5})  # "f" ends a turn
+    made = [("chat", p) for p in _prompts(12)]
+    monkeypatch.setattr(asks, "inventions", lambda n, seed=0: made[:n])
+    seen: list[str] = []
+    monkeypatch.setattr(asks, "invented_asks", lambda kind, text, i, banned=None: seen.append(
+        text) or ([text, text + "a"] if len(text) > 1 else []))
+    writer = teacher.Writer(tmp_path)
+    teacher.answer_invented(target, tmp_path, writer, 10, lambda: False, 4, max_tokens=24)
+    writer.flush()
+    data = teacher.Data(tmp_path)
+    invented = {m["name"]: m for m in data.meta if m["source"] == "invented"}
+    answers = [(q, m) for q, m in enumerate(data.meta) if m["source"] == "invented-answers"]
+    assert sorted(invented) == sorted(f"invention-{i}" for i in range(10))
+    replies = teacher.replies(tmp_path, target, "invented")
+    ended = {int(n.split("-")[1]) for n, m in invented.items() if m["ended"]}
+    assert set(replies) == ended and sorted(seen) == sorted(replies.values())
+    asked = {i for i, text in replies.items() if len(text) > 1}
+    names = {m["name"] for _, m in answers}
+    assert asked and names == {f"invented-{i}-{j}" for i in asked for j in (0, 1)}
+    for q, m in answers:
+        i, j = map(int, m["name"].split("-")[1:])
+        assert m["held_out"] == teacher.answer_held_out(i) and m["greedy"] == ((i + j) % 2 == 0)
+        a = int(data.starts[q])
+        ask = replies[i] + "a" * j
+        prompt = target.tokenizer.render_chat([{"role": "user", "content": ask}])
+        assert data.tokens[a : a + len(prompt)].tolist() == prompt
+    before = writer.positions()
+    teacher.answer_invented(
+        target, tmp_path, teacher.Writer(tmp_path), 10, lambda: False, max_tokens=24
+    )
+    assert teacher.Writer(tmp_path).positions() == before
+
+
 def test_reading_a_text_labels_it_with_the_targets_distribution(tmp_path):
     from specwise.corpus import Chunk, Document
 
@@ -397,9 +441,12 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert "no training data for" in capsys.readouterr().err
     assert main(["heads", "data", *target, "--positions", "0"]) == 2
     assert "--positions 0" in capsys.readouterr().err
-    assert main(["heads", "data", *target, "--positions", "2500", "--answers", "0.4"]) == 0
+    assert main(["heads", "data", *target, "--invent", "-1"]) == 2
+    assert "--invent -1" in capsys.readouterr().err
+    argv = ["heads", "data", *target, "--positions", "2500", "--answers", "0.4", "--invent", "2"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "read:" in out and "answer:" in out and "positions/s" in out
+    assert "read:" in out and "answer:" in out and "positions/s" in out and "invented " in out
     data = teacher.Data(eagle.data_path(smollm2_path, layers))
     assert len(data) >= 2500 and {m["kind"] for m in data.meta} == {"read", "answer"}
     assert teacher.bench_complete(eagle.bench_path(smollm2_path, layers))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specwise import Engine, SamplingParams, corpus, distill
+from specwise import Engine, SamplingParams, distill
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters import Draft
 from specwise.drafters.heads import Heads, HeadsDrafter
@@ -189,43 +189,6 @@ def test_training_on_a_toy_target_learns_heads_that_are_accepted(tmp_path):
     assert distill.train(other, data, seconds=0.0, checkpoint=tmp_path / "ckpt.pt")["epochs"] == 1
     assert result["alone"][0] > 0.7, result  # 1 in 6 by chance; some held-out text is sampled
     assert_greedy_plain_and_accepted(Engine(target, HeadsDrafter(heads), k=2), target)
-
-
-def test_a_prompt_that_shares_a_bench_prompts_words_is_never_a_training_prompt(tmp_path):
-    from specwise.bench.workloads import builtin
-
-    bench = builtin()[0].turns[0]
-    words = " ".join(bench.split()[:20])
-    (tmp_path / "m.py").write_text(
-        "def taken(x):\n"
-        f'    """{words}"""\n'
-        "    y = x + 1\n    z = y * 2\n    return z\n\n\n"
-        "def kept(x):\n"
-        '    """Return the square of x, computed the long way round for clarity."""\n'
-        "    y = x\n    z = y * x\n    return z\n"
-    )
-    prompts = corpus.code_prompts(limit=10, root=tmp_path)
-    assert prompts and all("kept" in p or "square of x" in p for p in prompts)
-
-
-def test_training_prompts_name_other_languages_and_never_the_shifted_workloads(tmp_path):
-    """The target answers asks in the languages of LANGUAGES too; `bench adapt`'s workload asks
-    in a way and a language that training never does."""
-    body = '    """Return the {} power of x, computed the long way round for clarity."""\n'
-    (tmp_path / "m.py").write_text(
-        "".join(
-            f"def f{i}(x):\n" + body.format(i) + "    y = x\n    z = y * x\n    return z\n\n"
-            for i in range(60)
-        )
-    )
-    prompts = corpus.code_prompts(limit=60, root=tmp_path)
-    named = {lang for lang in corpus.LANGUAGES for p in prompts if f" {lang}" in p}
-    assert len(prompts) == 60 and len(named) >= 4
-    assert any("```python" in p for p in prompts)  # and Python's asks as before
-    shifted = corpus.code_prompts(limit=60, root=tmp_path, seed=1, asks=corpus.SHIFTED)
-    assert len(shifted) == 60 and not set(shifted) & set(prompts)
-    assert not any(lang in corpus.SHIFTED[0] for lang in corpus.LANGUAGES)
-    assert not set(corpus.SHIFTED) & set(corpus.ASKS)
 
 
 def test_generating_again_asks_only_what_was_never_asked_even_from_a_changed_list(

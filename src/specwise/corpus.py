@@ -16,17 +16,14 @@ simply has none of it; `makeup` counts what was found):
 any that shares a run of `SHINGLE` words with a shipped bench prompt (the HumanEval problems
 included) and frames each as the answer of a chat turn that asks for it (`Chunk.messages`); a
 document whose name hashes into `HELD_OUT` of 100 is held out (scored, never trained on), so
-no document lies on both sides. `mix` interleaves the sources by weight. `prompts` are the
-asks a target answers by decoding (`teacher.answer`): about the standard library's functions
-(code: written, explained, edited, tested, translated), and general ones made from the corpus'
-prose (summaries, translations, explanations, stories) and from arithmetic templates.
+no document lies on both sides. `mix` interleaves the sources by weight. (The asks a target
+answers by decoding are `specwise.asks`'.)
 
 This module reads files and tokenizes; it runs no model.
 """
 
 from __future__ import annotations
 
-import ast
 import gzip
 import hashlib
 import html.parser
@@ -38,11 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "ASKS",
     "CHUNK_TOKENS",
     "HELD_OUT",
-    "LANGUAGES",
-    "SHIFTED",
     "SHINGLE",
     "SOURCES",
     "WEIGHTS",
@@ -50,51 +44,15 @@ __all__ = [
     "Document",
     "bench_shingles",
     "chunks",
-    "code_prompts",
     "held_out",
     "makeup",
     "mix",
-    "prompts",
     "shingles",
 ]
 
 SHINGLE = 8  # words in a run that marks a text as a bench prompt's
 CHUNK_TOKENS = 960  # most target tokens of one chunk (its chat framing adds ~40)
 HELD_OUT = 5  # of every 100 documents (by name) held out
-# The languages other than Python that the code asks name (`{lang}`, one drawn per prompt):
-# the target writes the answers, so the data holds them although the corpus is Python.
-LANGUAGES = ("JavaScript", "TypeScript", "Go", "Rust", "Java", "C++")
-ASKS = (
-    "Write a Python function `{name}{sig}` that does the following: {doc}\n"
-    "Include type hints and a docstring.",
-    "Explain what this Python function does, step by step:\n```python\n{src}\n```",
-    "Refactor this function for readability without changing its behaviour, and add type "
-    "hints:\n```python\n{src}\n```",
-    "Write pytest unit tests for this function:\n```python\n{src}\n```",
-    "Summarize this documentation in two or three sentences:\n\n{doc}",
-    "Write a {lang} function named `{name}` that does the following: {doc}",
-    "Translate this Python function to idiomatic {lang}:\n```python\n{src}\n```",
-)
-# A way of asking that training never uses, in a language it never names: the workload on
-# which `bench adapt` measures how a drafter adapts to traffic it was not trained for.
-SHIFTED = (
-    "Rewrite this Python function in Ruby, with the same behaviour and a comment that "
-    "documents it:\n```python\n{src}\n```",
-)
-# General asks over a paragraph of the corpus' prose (`{text}`), a topic (`{topic}`: a
-# heading) or a language of `HUMAN`.
-HUMAN = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch")
-GENERAL = (
-    "Summarize the following text in a few sentences:\n\n{text}",
-    "Translate the following text from English to {human}:\n\n{text}",
-    "Explain {topic} to a beginner, with an example.",
-    "Write a short story in which a character has to deal with {topic}.",
-    "Write a poem about {topic}.",
-    "What are the most common mistakes people make with {topic}, and how can they be avoided?",
-    "Rewrite the following text so that it is easier to read, keeping its meaning:\n\n{text}",
-)
-
-
 @dataclass(frozen=True)
 class Document:
     source: str  # a key of SOURCES
@@ -483,115 +441,3 @@ def makeup(
         if counts is not None:
             out[name]["positions"] = counts.get(name, 0)
     return out
-
-
-# -- prompts answered by decoding ----------------------------------------------------------
-def code_prompts(
-    limit: int, seed: int = 0, root: Path | None = None, asks: Sequence[str] = ASKS
-) -> list[str]:
-    """Up to `limit` prompts about functions of the standard library at `root` (this
-    interpreter's), each asked one of the ways of `asks` (format strings over the function's
-    name, sig, doc and src, and a `lang` of LANGUAGES), shuffled by `seed`; none shares a run
-    of SHINGLE words with a bench prompt."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p
-        for p in root.rglob("*.py")
-        if not any(part in ("test", "tests", "idlelib", "site-packages") for part in p.parts)
-    )
-    rng = random.Random(seed)
-    rng.shuffle(files)
-    banned = bench_shingles()
-    out: list[str] = []
-    for path in files:
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
-                continue
-            doc = ast.get_docstring(node)
-            src = ast.get_source_segment(source, node)
-            if not doc or not src or not 3 <= src.count("\n") <= 40 or len(doc) < 40:
-                continue
-            sig = f"({ast.unparse(node.args)})"
-            ask = asks[rng.randrange(len(asks))]
-            lang = LANGUAGES[rng.randrange(len(LANGUAGES))]
-            doc = " ".join(doc.split())
-            text = ask.format(name=node.name, sig=sig, doc=doc, src=src, lang=lang)
-            if shingles(text) & banned:
-                continue
-            out.append(text)
-            if len(out) >= limit:
-                return out
-    return out
-
-
-def _paragraphs(limit: int, seed: int) -> list[tuple[str, str]]:
-    """(heading, paragraph) pairs of English prose from the corpus (the Rust books and the
-    English manual pages): paragraphs of 40 to 160 words with no code."""
-    out: list[tuple[str, str]] = []
-    for make in (rust_documents, man_documents):
-        for doc in make():
-            heading = doc.title
-            for block in re.split(r"\n\s*\n", doc.text):
-                block = block.strip()
-                if block.startswith("#"):
-                    heading = block.lstrip("# ").split("\n")[0][:80] or heading
-                    continue
-                words = block.split()
-                if 40 <= len(words) <= 160 and "```" not in block and block[0].isalpha():
-                    out.append((heading, " ".join(words)))
-            if len(out) >= 4 * limit:
-                break
-    random.Random(seed).shuffle(out)
-    return out[:limit]
-
-
-def _arithmetic(rng: random.Random) -> str:
-    """A word problem made from a template and random numbers."""
-    things = ["apples", "notebooks", "tickets", "bolts", "plants", "boxes", "cups", "books"]
-    a, b = rng.sample(things, 2)
-    x, y = rng.randint(2, 40), rng.randint(2, 40)
-    p, q = rng.randint(1, 20), rng.randint(1, 20)
-    v, t = rng.randint(20, 120), rng.randint(2, 9)
-    forms = [
-        f"Someone buys {x} {a} at ${p} each and {y} {b} at ${q} each. How much do they pay in "
-        f"total? Show the calculation step by step.",
-        f"A cyclist rides at {v // 4} km/h for {t} hours, then at {v // 5} km/h for {t + 1} "
-        f"hours. What distance does she cover, and what is her average speed? Explain.",
-        f"A tank holds {x * 10} litres and loses {p} litres an hour while {q} litres an hour "
-        f"flow in. After how many hours is it empty, if ever? Reason step by step.",
-        f"Solve for n: {x}n + {p} = {y}n + {q * x}. Show each step and check the answer.",
-        f"What is {x}% of {v * 10}, and by what percentage does {v * 10} exceed {v * 8}? "
-        f"Explain each calculation.",
-    ]
-    return forms[rng.randrange(len(forms))]
-
-
-def prompts(limit: int, seed: int = 0, code_share: float = 0.5) -> list[str]:
-    """Up to `limit` asks for the target to answer: `code_share` of them `code_prompts`, the
-    rest general ones (`GENERAL` over the corpus' prose, and arithmetic), interleaved; none
-    shares a run of SHINGLE words with a bench prompt."""
-    rng = random.Random(seed)
-    n_code = int(limit * code_share)
-    code = code_prompts(n_code, seed=seed)
-    banned = bench_shingles()
-    general: list[str] = []
-    paras = _paragraphs(limit - n_code, seed)
-    for i, (heading, text) in enumerate(paras):
-        if i % 6 == 5:
-            ask = _arithmetic(rng)
-        else:
-            form = GENERAL[rng.randrange(len(GENERAL))]
-            ask = form.format(text=text, topic=heading.strip().rstrip(".:") or "this",
-                              human=HUMAN[rng.randrange(len(HUMAN))])
-        if not shingles(ask) & banned:
-            general.append(ask)
-    out: list[str] = []
-    for i in range(max(len(code), len(general))):
-        out.extend(x[i] for x in (code, general) if i < len(x))
-    return out[:limit]
-

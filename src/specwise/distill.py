@@ -2,10 +2,10 @@
 heads train`): self-distillation data from the target, the reduced vocabulary, and the training
 loop. (The eagle drafter's layer learns from `teacher`'s data, `eagle_training`.)
 
-1. **Prompts** (`corpus.code_prompts`) come from text every Python install ships: the functions of
+1. **Prompts** (`asks.code_prompts`) come from text every Python install ships: the functions of
    the standard library that have docstrings, asked for in the ways the bench's categories ask
    (write it from its description, explain it, edit it, summarize its documentation; write it,
-   or translate it, in another language of `corpus.LANGUAGES`). No shipped bench prompt is
+   or translate it, in another language of `asks.LANGUAGES`). No shipped bench prompt is
    used: a prompt sharing any run of `corpus.SHINGLE` words with one is dropped.
 2. **Data** (`generate`): the target answers them, several sequences per forward, greedily and
    at temperature 0.7 in turn. At every generated position t it keeps the hidden state h_t
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specwise.asks import code_prompts
 from specwise.backends.base import LM, new_sequence
-from specwise.corpus import code_prompts
 from specwise.drafters.heads import Heads, heads_path, model_key, vocab_index
 from specwise.sampling import Sampler, SamplingParams, warp
 from specwise.weights import unembedding

@@ -6,7 +6,7 @@ two ways and kept in shards that a stopped run resumes from.
   tokens that compute no logits (`LM.read`: the graph stops at the final norm); the target's
   distribution at each position is its final state times the output rows of the label
   vocabulary (`LABEL_VOCAB`), computed here.
-- **answer** (`answer`, decoding): the target answers prompts (`corpus.prompts`), several
+- **answer** (`answer`, decoding): the target answers asks (`specwise.asks`), several
   sequences a forward, greedily for even prompts and at temperature 0.7 for odd ones; its
   distribution at each position is its own softmax.
 
@@ -48,11 +48,13 @@ __all__ = [
     "K",
     "Writer",
     "answer",
+    "answer_invented",
     "bench_answers",
     "bench_complete",
     "collect",
     "label_ids",
     "read",
+    "replies",
     "summary",
 ]
 
@@ -275,12 +277,13 @@ def answer(
     no answer and finishes those begun (an interrupt drops them; their prompts are not asked
     again). A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones
     (seeded by its index); its meta is named by that index (`answer_held_out` splits by it),
-    or, with `about` (a dict a prompt), is that dict over it (`greedy` False draws)."""
+    or, with `about` (a dict a prompt), is that dict over it (`greedy` False draws). A meta's
+    `ended` says whether the answer reached its end of turn (else it was cut at `max_tokens`)."""
     tok = target.tokenizer
     todo = [i for i, p in enumerate(prompts) if not writer.done("answer", _digest(p))]
     live: dict[int, dict] = {}
 
-    def finish(seq: int) -> None:
+    def finish(seq: int, ended: bool) -> None:
         s = live.pop(seq)
         n = len(s["tokens"])
         states = target.hiddens(seq, 0)
@@ -298,7 +301,7 @@ def answer(
             lab_ids[first + j], lab_p[first + j], top1[first + j] = ids_, p_, t1
         train = np.zeros(m, bool)
         train[first:m] = True
-        meta = {**s["meta"], "kind": "answer"}
+        meta = {**s["meta"], "kind": "answer", "ended": ended}
         writer.add("answer", _Seq(meta, [states[:m]], tokens, [lab_ids], [lab_p], [train], [top1]))
         on_sequence(m)
 
@@ -316,7 +319,7 @@ def answer(
             s["labels"].append((ids32[j], p16[j], int(best[j])))
             s["tokens"].append(x)
             if x in target.eos_token_ids or len(s["tokens"]) - s["prompt"] >= max_tokens:
-                finish(seq)
+                finish(seq, x in target.eos_token_ids)
 
     try:
         while live or (todo and not until()):
@@ -413,6 +416,59 @@ def interruptible(say: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def replies(folder: Path, target: LM, source: str) -> dict[int, str]:
+    """The text of every answer of `source` in `folder`'s shards that reached its end of turn,
+    by the index its name ends in (`invention-7` is 7)."""
+    out: dict[int, str] = {}
+    for shard in sorted(folder.glob("answer-?????")):
+        metas = json.loads((shard / "meta.json").read_text())
+        if not any(m["source"] == source for m in metas):
+            continue
+        tokens, train = np.load(shard / "tokens.npy"), np.load(shard / "train.npy")
+        start = 0
+        for m in metas:
+            end = start + m["length"]
+            if m["source"] == source and m.get("ended"):
+                first = start + int(np.argmax(train[start:end]))  # the prompt's last position
+                ids = [int(t) for t in tokens[first + 1 : end] if t not in target.eos_token_ids]
+                out[int(m["name"].rsplit("-", 1)[1])] = target.tokenizer.decode(ids)
+            start = end
+    return out
+
+
+def answer_invented(
+    target: LM,
+    folder: Path,
+    writer: Writer,
+    count: int,
+    until: Callable[[], bool],
+    sequences: int = 8,
+    on_sequence: Callable[[int], None] = lambda n: None,
+    max_tokens: int = 320,
+) -> None:
+    """Invented asks: the target answers `count` invention prompts (`asks.inventions`; its
+    replies are kept as answers of source `invented`), then the asks made of every reply that
+    reached its end (`asks.invented_asks`; source `invented-answers`, named by the invention's
+    index and the ask's, held out with their invention, so that no subject lies on both sides).
+    Both stop when `until()` says so; a resumed run makes the same asks."""
+    from specwise import asks, corpus
+
+    made = asks.inventions(count)
+    about = [{"source": "invented", "name": f"invention-{i}", "category": kind}
+             for i, (kind, _) in enumerate(made)]
+    answer(target, [p for _, p in made], writer, until, sequences, max_tokens, on_sequence,
+           about)
+    writer.flush()
+    banned = corpus.bench_shingles()
+    kept = [(i, j, ask)
+            for i, text in sorted(replies(folder, target, "invented").items()) if i < count
+            for j, ask in enumerate(asks.invented_asks(made[i][0], text, i, banned))]
+    about = [{"source": "invented-answers", "name": f"invented-{i}-{j}", "category": made[i][0],
+              "held_out": answer_held_out(i), "greedy": (i + j) % 2 == 0} for i, j, _ in kept]
+    answer(target, [ask for _, _, ask in kept], writer, until, sequences, max_tokens,
+           on_sequence, about)
+
+
 def collect(
     target: LM,
     folder: Path,
@@ -420,13 +476,15 @@ def collect(
     answers: float = 0.3,
     minutes: float | None = None,
     sequences: int = 8,
+    invent: int = 0,
     progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> dict:
     """Make data in `folder` until it holds `positions` positions, `answers` of them answered
     and the rest read, or until `minutes` have passed: a batch of `sequences` prompts answered
-    whenever the answers fall behind their share, chunks read otherwise. Resumes where an
-    earlier call stopped (each writer skips what it did). Returns `summary(folder)`."""
-    from specwise import corpus
+    whenever the answers fall behind their share, chunks read otherwise; with `invent`, first
+    that many invention prompts and the asks made of them answered (`answer_invented`). Resumes
+    where an earlier call stopped (each writer skips what it did). Returns `summary(folder)`."""
+    from specwise import asks, corpus
     from specwise.weights import unembedding
 
     if not target.hidden_layers:
@@ -448,7 +506,6 @@ def collect(
         lambda text: len(tok.encode(text, add_special=False)),
         corpus.bench_shingles(),
     )
-    asks = corpus.prompts(4000)
     deadline = None if minutes is None else time.monotonic() + minutes * 60.0
 
     def stop() -> bool:
@@ -475,13 +532,16 @@ def collect(
         pressed = stack.enter_context(interruptible(progress))
         stack.callback(bar.close)
         stack.callback(writer.flush)
+        if invent:
+            answer_invented(target, folder, writer, invent, stop, sequences, moved)
+        templated = asks.prompts(4000) if answers > 0 and not stop() else []
         while not stop():
             if behind() and answers > 0:
-                if all(writer.done("answer", _digest(p)) for p in asks):
+                if all(writer.done("answer", _digest(p)) for p in templated):
                     answers = 0.0  # the asks ran out: read from here on
                     continue
                 # the whole list, so that a prompt's index (its name, its split) is its own
-                answer(target, asks, writer, answered_enough, sequences, on_sequence=moved)
+                answer(target, templated, writer, answered_enough, sequences, on_sequence=moved)
                 continue
             before = writer.positions("read")
             read(target, chunks, writer, read_enough, rows, ids, on_sequence=moved)

@@ -1,7 +1,7 @@
 """`specwise bench adapt`: how a drafter on hidden states (the heads, or with `--drafter eagle`
 the eagle layer) adapts to traffic it was not trained for.
 
-The workload is `corpus.SHIFTED`: standard-library functions to rewrite in Ruby, a way of
+The workload is `asks.SHIFTED`: standard-library functions to rewrite in Ruby, a way of
 asking, and a language, that `heads train` never uses. Each prompt is decoded, one after the
 other, by three engines on the same target, interleaved so that the machine's drift falls on
 all three alike:
@@ -70,7 +70,7 @@ def run(
     return the report's lines."""
     from tqdm import tqdm
 
-    from specwise.corpus import SHIFTED, code_prompts
+    from specwise.asks import SHIFTED, code_prompts
 
     prompts = code_prompts(limit=requests, seed=1, asks=SHIFTED)
     if len(prompts) < requests and progress is not None:

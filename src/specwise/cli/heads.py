@@ -88,10 +88,11 @@ def _heads_data(a: argparse.Namespace) -> int:
     from specwise.backends import model_layers, resolve_model
     from specwise.drafters.eagle import bench_path, data_path, layers_for
 
-    if a.positions < 1 or not 0.0 <= a.answers <= 1.0 or a.sequences < 1:
+    if a.positions < 1 or not 0.0 <= a.answers <= 1.0 or a.sequences < 1 or a.invent < 0:
         raise UsageError(
-            f"--positions {a.positions}, --answers {a.answers}, --sequences {a.sequences}: "
-            "use --positions >= 1, --answers a share 0..1 and --sequences >= 1"
+            f"--positions {a.positions}, --answers {a.answers}, --sequences {a.sequences}, "
+            f"--invent {a.invent}: use --positions >= 1, --answers a share 0..1, --sequences "
+            ">= 1 and --invent >= 0"
         )
     if a.minutes is not None and not a.minutes > 0:
         raise UsageError(f"--minutes {a.minutes} is invalid; use a number > 0")
@@ -104,7 +105,9 @@ def _heads_data(a: argparse.Namespace) -> int:
     bench = bench_path(model, layers)
     if not teacher.bench_complete(bench):  # what the layer is scored on, apart, made first
         teacher.bench_answers(target, bench, sequences=a.sequences)
-    got = teacher.collect(target, folder, a.positions, a.answers, a.minutes, a.sequences)
+    got = teacher.collect(
+        target, folder, a.positions, a.answers, a.minutes, a.sequences, invent=a.invent
+    )
     for kind, k in got["kinds"].items():
         print(f"{kind}: {k['positions']} positions in {k['seconds']:.0f} s "
               f"({k['positions_per_s']} positions/s)")
@@ -346,6 +349,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     hd.add_argument("--minutes", type=float, help="stop after this long (default: no limit)")
     hd.add_argument("--sequences", type=int, default=8, help="answers decoded at once (8)")
+    hd.add_argument(
+        "--invent", type=int, default=0, metavar="N",
+        help="first have the target answer N invention prompts (lists of users' asks, and "
+        "texts to summarize, translate, explain or edit, about everyday subjects), then the "
+        "asks made of them; all of it is trained on (default 0)",
+    )
     hs = hsub.add_parser(
         "score",
         help="how often trained networks' argmax is the target's token on the held-out tenth "
