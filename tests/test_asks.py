@@ -77,3 +77,19 @@ def test_the_asks_of_a_reply_are_its_numbered_lines_or_the_text_asked_about():
     bench = " ".join(builtin()[0].turns[0].split()[:20])
     assert asks.invented_asks("chat", f"1. Please help. {bench}", 0) == []  # a bench prompt's
     assert asks.invented_asks("chat", f"1. {lines[0]}", 0) == lines[:1]
+
+
+def test_a_functions_source_is_cut_as_the_standard_library_cuts_it():
+    import ast
+
+    source = (
+        "def one(x): return 'é' * x\r\n"
+        "class K:\r\n    def m(self, ü='ß'):\r\n        '''Dök.'''\r\n        return ü\r\n"
+        "def two(a,\r    b):\r    return (a,\n            b)  # 日本\n"
+        "x = [one(1), K().m()]"
+    )
+    lines = asks._LINES.findall(source)
+    nodes = [n for n in ast.walk(ast.parse(source)) if hasattr(n, "end_col_offset")]
+    assert len(nodes) > 20
+    for node in nodes:
+        assert asks.source_segment(lines, node) == ast.get_source_segment(source, node)

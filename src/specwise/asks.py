@@ -202,6 +202,20 @@ def invented_asks(
     return [ask for ask in found if not shingles(ask) & banned]
 
 
+# a source's lines as `ast.get_source_segment` cuts them: at \r\n, \r or \n, each kept
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def source_segment(lines: list[str], node: ast.AST) -> str:
+    """`ast.get_source_segment(source, node)` from the source's lines (`_LINES`), cut once
+    per file: the standard library's splits the whole source again on every call."""
+    a, b = node.lineno - 1, node.end_lineno - 1
+    if a == b:
+        return lines[a].encode()[node.col_offset : node.end_col_offset].decode()
+    first = lines[a].encode()[node.col_offset :].decode()
+    return "".join([first, *lines[a + 1 : b], lines[b].encode()[: node.end_col_offset].decode()])
+
+
 def code_prompts(
     limit: int, seed: int = 0, root: Path | None = None, asks: Sequence[str] = ASKS
 ) -> list[str]:
@@ -225,11 +239,12 @@ def code_prompts(
             tree = ast.parse(source)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             continue
+        lines = _LINES.findall(source)
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
                 continue
             doc = ast.get_docstring(node)
-            src = ast.get_source_segment(source, node)
+            src = source_segment(lines, node)
             if not doc or not src or not 3 <= src.count("\n") <= 40 or len(doc) < 40:
                 continue
             sig = f"({ast.unparse(node.args)})"

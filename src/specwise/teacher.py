@@ -521,8 +521,7 @@ def collect(
     def answered_enough() -> bool:  # a shard's worth past the share: the batch runs full
         return stop() or not behind(SHARD_POSITIONS)
 
-    bar = progress_bar(positions, "teacher data")
-    bar.update(min(positions, writer.positions()))
+    bar = progress_bar(positions, "teacher data", initial=min(positions, writer.positions()))
 
     def moved(n: int) -> None:
         bar.update(max(0, min(positions, writer.positions()) - bar.n))
@@ -610,7 +609,10 @@ class Data:
         return np.array([bool(m["held_out"]) for m in self.meta])
 
 
-def progress_bar(total: int, desc: str, unit: str = "pos"):
+def progress_bar(total: int, desc: str, unit: str = "pos", initial: int = 0):
+    """A progress bar on stderr; `initial` is done already (a resumed run: its rate and ETA
+    count what this run does)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, smoothing=0.05)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, smoothing=0.05,
+                initial=initial)
