@@ -86,7 +86,7 @@ def _greedy_equal(target, prompts: list[list[int]], max_tokens: int = 24) -> Non
     plain = {len(p): plain_decode(target, p, params) for p in prompts}
     assert len(plain) == len(prompts), "test prompts need distinct lengths"
     for drafter in (NgramDrafter(), NoisyCopy(plain, target.vocab_size)):
-        for k in (2, 4, 8):
+        for k in (2, 8):  # a short chain and one past the NoisyCopy's wrong tokens
             eng = Engine(target, drafter, k=k)
             for p in prompts:
                 assert eng.generate(p, params).tokens == plain[len(p)], (drafter.name, k)
