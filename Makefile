@@ -5,8 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.specwise-installed
 LLAMA_CPP_VERSION := 0.3.36
+# The CPU the venv's llama.cpp is built for (specwise.machine.cpu_key: family, model and flags).
+# On another CPU, make installs again and rebuilds llama.cpp, from a pip cache of that CPU's own:
+# pip keys the wheels it builds by their source alone, so a shared cache would hand one CPU's
+# -march=native build to another, which dies on an instruction it lacks.
+CPU_KEY := $(shell $(PYTHON) src/specwise/machine.py)
+STAMP := $(VENV)/.specwise-installed-$(CPU_KEY)
+NATIVE_PIP_CACHE := $(HOME)/.cache/specwise-pip/$(CPU_KEY)
 
 # llama.cpp builds natively. On x86-64 its AMX kernels are left out: on some machines that
 # report AMX they die with SIGILL at `tilezero` on the first multi-token forward. The flags are
@@ -31,8 +37,10 @@ $(PY):
 $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet torch==2.13.0
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (first time: 3-6 minutes on 2 cores)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet llama-cpp-python==$(LLAMA_CPP_VERSION)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
+		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(PIP) install --quiet -e '.[dev]'
+	rm -f $(VENV)/.specwise-installed*
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,8 +48,12 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-demo: $(STAMP)
-	$(VENV)/bin/specwise models pull qwen-coder
+# The default pair downloads beside the install (one waits on the network, the other builds on
+# the CPU): the catalog's file runs alone, with nothing installed but tqdm.
+demo: | $(PY)
+	$(PIP) install --quiet tqdm
+	$(PY) src/specwise/models.py qwen-coder & \
+	$(MAKE) --no-print-directory install; made=$$?; wait $$! || exit 1; exit $$made
 	$(VENV)/bin/specwise bench --quick
 
 # The server's resilience soak: an hour (SOAK_SECONDS) of 8 clients with a fault every 5 s;

@@ -48,6 +48,27 @@ def fake_sdist(monkeypatch, calls: list[str]) -> None:
     monkeypatch.setattr(ik_native, "_download", download)
 
 
+def test_the_makefiles_llama_cpp_build_is_keyed_by_this_cpu():
+    """make's stamp and the pip cache of its -march=native llama.cpp wheel name this CPU's key
+    (read by running machine.py alone, before anything is installed): on another CPU, make
+    installs again, and never takes the other CPU's wheel from pip's cache."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    root = Path(__file__).parents[1]
+    alone = subprocess.run([sys.executable, "-S", "src/specwise/machine.py"], cwd=root,
+                           capture_output=True, text=True, check=True)
+    assert alone.stdout.strip() == cpu_key()
+    show = "show: ; @echo $(STAMP) $(NATIVE_PIP_CACHE)"
+    got = subprocess.run(["make", "-s", "--eval", show, "show"], cwd=root, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert got[0].endswith(f".specwise-installed-{cpu_key()}") and got[1].endswith(cpu_key())
+
+
 def test_the_build_folder_is_keyed_by_this_cpu(home):
     folder = ik_native.install_dir()
     assert folder.parent == home / "engines" / "ik_llama"

@@ -164,3 +164,23 @@ def test_cli_models(entry, capsys):
     assert "not pulled yet" in capsys.readouterr().err
     assert main(["models", "path", "nope"]) == 2
     assert "catalog names" in capsys.readouterr().err
+
+
+def test_the_pull_runs_with_nothing_of_specwise_installed(tmp_path, smollm2_path):
+    """`python src/specwise/models.py NAME` (how `make demo` pulls beside the install), in an
+    interpreter without site-packages: a bad name is one sentence, rc 1; a model already
+    pulled is found at once."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECWISE_HOME": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    bad = subprocess.run([sys.executable, "-S", models.__file__, "nosuch"], env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("specwise: 'nosuch' is not a model file")
+    env["SPECWISE_HOME"] = str(models.home())  # where the tests' models are
+    ok = subprocess.run([sys.executable, "-S", models.__file__, "smollm2-135m-instruct"],
+                        env=env, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr

@@ -103,7 +103,7 @@ TOPICS = (
     "a language course", "a second-hand bookshop", "a package that never arrived",
     "a school trip", "a startup's first hire", "a tax return", "an apartment's heating",
 )
-_LIST = " Number them 1 to 3, one a line, nothing else."
+_LIST = " Number them 1 to 3, one a line, nothing else: do not answer them."
 # The kinds of ask the target invents (`inventions`; `{topic}` of TOPICS, `{lang}` Python or of
 # LANGUAGES): kind -> (the invention prompt, the ways an ask wraps its reply). A kind with no
 # ways asks for a numbered list whose lines are asks; the others ask for a text (an email, a

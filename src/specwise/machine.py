@@ -54,3 +54,7 @@ def native_flags() -> str:
     if platform.machine() in ("x86_64", "AMD64"):
         return "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     return ""
+
+
+if __name__ == "__main__":  # `python src/specwise/machine.py`: the Makefile keys its build by it
+    print(cpu_key())

@@ -392,3 +392,20 @@ def pull(
                 hub_partial.unlink()
             errors.append(f"Hugging Face hub {entry.hub.repo}: {exc}")
     raise PullError("; ".join(errors) or f"{name}: no source is configured")
+
+
+def _main(argv: list[str]) -> int:
+    """`python src/specwise/models.py NAME...`: pull catalog models or pairs with nothing of
+    specwise installed, this file alone (the standard library and tqdm): `make demo` pulls the
+    default pair this way beside the install. A failed pull is one sentence and exit code 1."""
+    try:
+        for name in argv:
+            pull(name)
+    except (PullError, ValueError) as exc:
+        print(f"specwise: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
