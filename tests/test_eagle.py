@@ -334,6 +334,28 @@ def test_training_on_a_toy_target_learns_a_layer_that_is_accepted(tmp_path):
     assert result["precision"] in ("fp32", "bf16")
 
 
+def test_a_held_out_answer_shorter_than_the_depth_is_scored_as_far_as_it_goes(tmp_path):
+    """A three-position answer (the prompt's last token and two answered) beside a depth of 4:
+    depth 1 scores its one label, the deeper ones have none (an answer that ended at once)."""
+    target, _ = _toy_data(tmp_path, 8)
+    tokens = [1, 2, 3]
+    labels = np.zeros((3, teacher.K), np.int32)
+    labels[:2, 0] = tokens[1:]
+    meta = {"source": "answers", "name": "prompt-19", "held_out": True, "greedy": True,
+            "kind": "answer"}
+    writer = teacher.Writer(tmp_path)
+    writer.add("answer", teacher._Seq(
+        meta, [_states_of(target, tokens)], tokens, [labels],
+        [np.ones((3, teacher.K), np.float16)], [np.array([True, True, False])],
+        [np.array([2, 3, -1])]))
+    writer.flush()
+    short = teacher.Data(tmp_path)
+    short.meta = [m if m["name"] == "prompt-19" else {**m, "held_out": False} for m in short.meta]
+    layer = Layer(36, LAYERS, eagle_training.choose_vocab(short, 6), 6, width=16, depth=4)
+    got = eagle_training.evaluate(layer, short)
+    assert got["by_kind"]["all"]["positions"] == 1 and got["alpha"][1:] == [None] * 3
+
+
 def test_a_smaller_training_set_is_part_of_every_larger_one_and_epochs_count_positions(tmp_path):
     _target, data = _toy_data(tmp_path / "data")
     every = eagle_training.training_sequences(data)

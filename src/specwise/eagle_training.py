@@ -353,6 +353,8 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                     guess = layer.ids[lg[0].argmax(-1).numpy()]
                     lo, hi = a + 1 + j, min(end, e + 1 + j)
                     n = hi - lo
+                    if n <= 0:  # a sequence shorter than the depth: nothing left to score
+                        break
                     want = data.label_ids[lo:hi, 0]
                     valid[:n, j] = data.train[lo:hi]
                     right[:n, j] = guess[:n] == want
