@@ -33,12 +33,20 @@ endif
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch==2.13.0 first, so pip takes the local CPU wheel instead of a multi-GB CUDA build.
+# What the install takes besides llama-cpp-python: the project's requirements and its dev extras.
+REQUIREMENTS := $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] \
+	if not r.startswith("llama-cpp-python")))'
+
+# Two installs at once: llama.cpp builds for this CPU (minutes of both cores) while torch (first,
+# so pip takes the local CPU wheel instead of a multi-GB CUDA build) and the other requirements
+# download and unpack; `pip install -e .[dev]` then finds them in place.
 $(STAMP): pyproject.toml Makefile | $(PY)
-	$(PIP) install --quiet torch==2.13.0
-	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (first time: 3-6 minutes on 2 cores)"
+	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (3-6 minutes on 2 cores); the rest installs meanwhile"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
-		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION)
+		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION) & \
+	$(PIP) install --quiet torch==2.13.0 && $(REQUIREMENTS) > $(VENV)/requirements.txt && \
+	$(PIP) install --quiet -r $(VENV)/requirements.txt; rest=$$?; wait $$! || exit 1; exit $$rest
 	$(PIP) install --quiet -e '.[dev]'
 	rm -f $(VENV)/.specwise-installed*
 	touch $(STAMP)
