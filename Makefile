@@ -33,20 +33,25 @@ endif
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# What the install takes besides llama-cpp-python: the project's requirements and its dev extras.
+# What installs beside llama-cpp-python's build: the project's requirements and dev extras but
+# the two llama.cpp wheels. Both put an include/llama.h in the venv; ik_llama's installs last
+# (with `.[dev]`, after the build), so the header beside its library is its own.
 REQUIREMENTS := $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	print("\n".join(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] \
-	if not r.startswith("llama-cpp-python")))'
+	if not r.startswith(("llama-cpp-python", "ik-llama-cpp-python"))))'
 
 # Two installs at once: llama.cpp builds for this CPU (minutes of both cores) while torch (first,
 # so pip takes the local CPU wheel instead of a multi-GB CUDA build) and the other requirements
-# download and unpack; `pip install -e .[dev]` then finds them in place.
+# download and unpack (their bytecode left to their first import: compiling every module took
+# the build's cores); `pip install -e .[dev]` then finds them in place.
 $(STAMP): pyproject.toml Makefile | $(PY)
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (3-6 minutes on 2 cores); the rest installs meanwhile"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
 		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION) & \
-	$(PIP) install --quiet torch==2.13.0 && $(REQUIREMENTS) > $(VENV)/requirements.txt && \
-	$(PIP) install --quiet -r $(VENV)/requirements.txt; rest=$$?; wait $$! || exit 1; exit $$rest
+	$(PIP) install --quiet --no-compile torch==2.13.0 && \
+	$(REQUIREMENTS) > $(VENV)/requirements.txt && \
+	$(PIP) install --quiet --no-compile -r $(VENV)/requirements.txt; rest=$$?; \
+	wait $$! || exit 1; exit $$rest
 	$(PIP) install --quiet -e '.[dev]'
 	rm -f $(VENV)/.specwise-installed*
 	touch $(STAMP)
@@ -72,14 +77,17 @@ soak: $(STAMP)
 	$(PY) scripts/soak.py --seconds $(SOAK_SECONDS)
 
 # The eagle drafter's layer that specwise ships for the default target (src/specwise/trained/):
-# the target's own answers made (resumable, in $SPECWISE_HOME: ~5 hours on 2 cores for a million
-# positions), two passes of training on them (answers taught more than read text a position,
-# and two passes more than one: BENCHMARKS.md, "the eagle layer"), then shipped with its
-# manifest. Re-running goes on from where a stopped run left off.
+# the target's own answers made, to asks it invents first and then to templated ones (resumable,
+# in $SPECWISE_HOME: ~5 hours on 2 cores for a million positions), two passes of training on them
+# (answers taught more than read text a position, invented asks more than templated ones, two
+# passes more than one: BENCHMARKS.md, "the eagle layer"), then shipped with its manifest.
+# Re-running goes on from where a stopped run left off.
 EAGLE_POSITIONS ?= 1100000
+EAGLE_INVENT ?= 1000
 eagle-layer: $(STAMP)
 	$(VENV)/bin/specwise models pull qwen-coder
-	$(VENV)/bin/specwise heads data --pair qwen-coder --positions $(EAGLE_POSITIONS) --answers 1
+	$(VENV)/bin/specwise heads data --pair qwen-coder --positions $(EAGLE_POSITIONS) --answers 1 \
+		--invent $(EAGLE_INVENT)
 	$(VENV)/bin/specwise heads train --pair qwen-coder --arch eagle --epochs 2 --kinds answer
 	$(VENV)/bin/specwise heads ship --pair qwen-coder
 
