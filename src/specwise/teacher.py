@@ -419,20 +419,16 @@ def interruptible(say: Callable[[str], None]) -> Iterator[Callable[[], bool]]:
 def replies(folder: Path, target: LM, source: str) -> dict[int, str]:
     """The text of every answer of `source` in `folder`'s shards that reached its end of turn,
     by the index its name ends in (`invention-7` is 7)."""
+    if not any(folder.glob("answer-?????")):
+        return {}
+    data = Data(folder, kinds=("answer",))
     out: dict[int, str] = {}
-    for shard in sorted(folder.glob("answer-?????")):
-        metas = json.loads((shard / "meta.json").read_text())
-        if not any(m["source"] == source for m in metas):
-            continue
-        tokens, train = np.load(shard / "tokens.npy"), np.load(shard / "train.npy")
-        start = 0
-        for m in metas:
-            end = start + m["length"]
-            if m["source"] == source and m.get("ended"):
-                first = start + int(np.argmax(train[start:end]))  # the prompt's last position
-                ids = [int(t) for t in tokens[first + 1 : end] if t not in target.eos_token_ids]
-                out[int(m["name"].rsplit("-", 1)[1])] = target.tokenizer.decode(ids)
-            start = end
+    for m, start, n in zip(data.meta, data.starts, data.lengths, strict=True):
+        if m["source"] == source and m.get("ended"):
+            end = start + n
+            first = start + int(np.argmax(data.train[start:end]))  # the prompt's last position
+            ids = [int(t) for t in data.tokens[first + 1 : end] if t not in target.eos_token_ids]
+            out[int(m["name"].rsplit("-", 1)[1])] = target.tokenizer.decode(ids)
     return out
 
 
