@@ -17,15 +17,19 @@ NATIVE_PIP_CACHE := $(HOME)/.cache/specwise-pip/$(CPU_KEY)
 # llama.cpp builds natively. On x86-64 its AMX kernels are left out: on some machines that
 # report AMX they die with SIGILL at `tilezero` on the first multi-token forward. The flags are
 # accepted by every x86-64 gcc/clang; other architectures build as they are.
-# LLAVA_BUILD=OFF: llama-cpp-python's multimodal library (mtmd), which specwise never loads, is
-# not built: `pip install --no-cache-dir llama-cpp-python==0.3.36` took 196 s instead of 243 s
-# (2-core AMD EPYC Zen 4, one build with each setting, in turn).
+# Only the libraries the bindings load are built (libllama and ggml's):
+# - LLAVA_BUILD=OFF: llama-cpp-python's multimodal library (mtmd), which specwise never loads:
+#   `pip install --no-cache-dir llama-cpp-python==0.3.36` took 196 s instead of 243 s.
+# - llama.cpp's `common` library (argument parsing, chat parsers, an HTTP client: 53 of the
+#   build's 127 objects), which llama-cpp-python forces on and never loads: a file CMake includes
+#   right after llama.cpp's project() sets LLAMA_BUILD_COMMON off in that scope. `pip wheel
+#   --no-cache-dir llama-cpp-python==0.3.36` took 112 s instead of 220 s.
+# (2-core AMD EPYC Zen 4, one build with each setting, in turn.)
+LIBRARY_ONLY := $(CURDIR)/$(VENV)/llama-library-only.cmake
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$(LIBRARY_ONLY)
 ifeq ($(shell uname -m),x86_64)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='$(NO_AMX)' \
-	-DCMAKE_CXX_FLAGS='$(NO_AMX)'
-else
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF
+LLAMA_CMAKE_ARGS += -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 endif
 
 .PHONY: install test demo soak external native browser lint bench clean eagle-layer docs
@@ -45,7 +49,8 @@ REQUIREMENTS := $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml"
 # download and unpack (their bytecode left to their first import: compiling every module took
 # the build's cores); `pip install -e .[dev]` then finds them in place.
 $(STAMP): pyproject.toml Makefile | $(PY)
-	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (3-6 minutes on 2 cores); the rest installs meanwhile"
+	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (2-4 minutes on 2 cores); the rest installs meanwhile"
+	echo 'set(LLAMA_BUILD_COMMON OFF)' > $(LIBRARY_ONLY)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
 		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION) & \
 	$(PIP) install --quiet --no-compile torch==2.13.0 && \
