@@ -50,7 +50,7 @@ REQUIREMENTS := $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml"
 # the build's cores); `pip install -e .[dev]` then finds them in place.
 $(STAMP): pyproject.toml Makefile | $(PY)
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (2-4 minutes on 2 cores); the rest installs meanwhile"
-	echo 'set(LLAMA_BUILD_COMMON OFF)' > $(LIBRARY_ONLY)
+	@echo 'set(LLAMA_BUILD_COMMON OFF)' > $(LIBRARY_ONLY)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
 		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION) & \
 	$(PIP) install --quiet --no-compile torch==2.13.0 && \

@@ -54,6 +54,12 @@ def test_inventions_take_the_kinds_in_turn_with_every_field_filled():
     assert made == asks.inventions(3 * turn, seed=3) != asks.inventions(3 * turn, seed=4)
     topics = {t for _, text in asks.inventions(400) for t in asks.TOPICS if t in text}
     assert len(topics) > len(asks.TOPICS) // 2
+    # no prompt twice while its kind has new ones (a kind without a language: one per topic)
+    made = asks.inventions(1000)
+    for kind, (template, _) in asks.INVENT.items():
+        drawn = [text for k, text in made if k == kind]
+        pool = len(asks.TOPICS) * (len(asks.LANGUAGES) + 1 if "{lang}" in template else 1)
+        assert min(len(drawn), pool) - 3 <= len(set(drawn)) <= pool, kind
 
 
 def test_the_asks_of_a_reply_are_its_numbered_lines_or_the_text_asked_about():

@@ -77,6 +77,7 @@ GENERAL = (
 
 
 # Subjects of the invented asks (`{topic}`): everyday life, work, study and hobbies.
+REDRAWS = 20  # draws of an invention prompt before a repeat is taken (a kind's are all used)
 TOPICS = (
     "a neighbourhood bakery", "renting a first flat", "a school science fair", "training for a "
     "half marathon", "a leaking kitchen tap", "a family reunion", "saving for a holiday",
@@ -170,14 +171,21 @@ _ITEM = re.compile(r"^\s*\d+[.)]\s+(.+?)\s*$")
 def inventions(limit: int, seed: int = 0) -> list[tuple[str, str]]:
     """`limit` (kind, prompt) pairs, each asking the target to invent for a kind of INVENT (the
     kinds in turn, those that make one ask a reply twice as often as those that make a list)
-    about a subject of TOPICS, in Python or a language of LANGUAGES, drawn by `seed`."""
+    about a subject of TOPICS, in Python or a language of LANGUAGES, drawn by `seed`. A prompt
+    drawn before is drawn again (up to REDRAWS times): a greedy answer to it would repeat one."""
     rng = random.Random(seed)
     turn = [k for k, (_, ways) in INVENT.items() for _ in range(2 if ways else 1)]
     out: list[tuple[str, str]] = []
+    seen: set[str] = set()
     for i in range(limit):
         kind = turn[i % len(turn)]
-        lang = rng.choice(("Python",) * len(LANGUAGES) + LANGUAGES)
-        out.append((kind, INVENT[kind][0].format(topic=rng.choice(TOPICS), lang=lang)))
+        for _ in range(REDRAWS + 1):
+            lang = rng.choice(("Python",) * len(LANGUAGES) + LANGUAGES)
+            prompt = INVENT[kind][0].format(topic=rng.choice(TOPICS), lang=lang)
+            if prompt not in seen:
+                break
+        seen.add(prompt)
+        out.append((kind, prompt))
     return out
 
 

@@ -272,7 +272,8 @@ def answer(
     on_sequence: Callable[[int], None] = lambda n: None,
     about: Sequence[dict] | None = None,
 ) -> None:
-    """Decoding: the target answers `prompts` (those the writer has done skipped), between
+    """Decoding: the target answers `prompts` (those the writer has done skipped, and a
+    prompt's repeats), between
     half of `sequences` and all of them in every forward, until `until()` says stop: from then on it starts
     no answer and finishes those begun (an interrupt drops them; their prompts are not asked
     again). A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones
@@ -329,6 +330,8 @@ def answer(
             wave = len(live) <= sequences // 2
             while wave and len(live) < sequences and todo and not until():
                 i = todo.pop(0)
+                if writer.done("answer", _digest(prompts[i])):
+                    continue  # asked before in this call: a prompt is answered once
                 writer.mark("answer", _digest(prompts[i]))
                 seq = new_sequence(target)
                 ids = tok.render_chat([{"role": "user", "content": prompts[i]}])
