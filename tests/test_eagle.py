@@ -417,6 +417,14 @@ def test_the_bench_answers_are_greedy_held_out_and_scored_by_category(tmp_path, 
     both = got["by_kind"]["chat"]["positions"] + got["by_kind"]["math"]["positions"]
     assert both == got["by_kind"]["all"]["positions"] > 0
     assert got["by_kind"]["math"]["chain_accepted"] is not None
+    assert got["by_kind"]["all"]["in_vocabulary"] == 1.0  # it names every token
+    # a layer naming half the tokens: α1's ceiling is the share of labels it can name
+    half = eagle_training.evaluate(Layer(36, LAYERS, [0, 1, 2], 6, width=16, depth=2), data)
+    labels = np.concatenate([data.label_ids[a + 1 : a + n, 0][data.train[a + 1 : a + n]]
+                             for a, n in zip(data.starts, data.lengths, strict=True)])
+    inside = half["by_kind"]["all"]["in_vocabulary"]
+    assert inside == pytest.approx(np.isin(labels, [0, 1, 2]).mean(), abs=1e-4)
+    assert 0 < inside < 1 and half["alpha"][0] <= inside
     teacher.bench_answers(target, tmp_path / "bench", max_tokens=10)  # done: asks nothing
     assert len(teacher.Data(tmp_path / "bench").meta) == 6
 
@@ -507,7 +515,8 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
             "--width", "16", "--vocab", "64", "--depth", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| bench | positions | α1 | α2 |" in out and "| code_generation |" in out
+    assert "| bench | positions | top token in vocabulary | α1 | α2 |" in out
+    assert "| code_generation |" in out
     assert "learning curve" in out
     trained = eagle.find(smollm2_path)
     record = json.loads(trained.with_suffix(".json").read_text())

@@ -327,8 +327,9 @@ def train(
 def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     """How often the layer's argmax is the target's top token at each draft depth, on the
     held-out sequences (up to `limit` positions): `alpha` (depth 1..depth, each given the
-    data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers), and
-    `chain_accepted` over greedy answers (module docstring)."""
+    data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers),
+    `chain_accepted` over greedy answers (module docstring), and `in_vocabulary`: the share of
+    the depth-1 positions whose top token the layer can name (α1's ceiling)."""
     import torch
 
     depth = layer.depth
@@ -349,6 +350,7 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                 end = _sequence_end(data, a)
                 right = np.zeros((m, depth), dtype=bool)
                 valid = np.zeros((m, depth), dtype=bool)
+                inside = np.zeros(m, dtype=bool)
                 for j, lg in enumerate(logits):
                     guess = layer.ids[lg[0].argmax(-1).numpy()]
                     lo, hi = a + 1 + j, min(end, e + 1 + j)
@@ -358,10 +360,12 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                     want = data.label_ids[lo:hi, 0]
                     valid[:n, j] = data.train[lo:hi]
                     right[:n, j] = guess[:n] == want
+                    if j == 0:
+                        inside[:n] = where[want] >= 0
                 kinds = ["all", meta["kind"]] + (["greedy"] if meta.get("greedy") else [])
                 kinds += [meta["category"]] if "category" in meta else []
                 for kind in kinds:
-                    groups.setdefault(kind, []).append((right, valid))
+                    groups.setdefault(kind, []).append((right, valid, inside))
                 if meta.get("greedy"):
                     ok = valid.all(axis=1)
                     streak = np.cumprod(right[ok], axis=1).sum(axis=1).tolist()
@@ -374,10 +378,12 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
             continue
         r = np.concatenate([p[0] for p in parts])
         v = np.concatenate([p[1] for p in parts])
+        inside = np.concatenate([p[2] for p in parts])[v[:, 0]]
         out["by_kind"][kind] = {
             "alpha": [round(float(r[v[:, j], j].mean()), 4) if v[:, j].any() else None
                       for j in range(depth)],
             "positions": int(v[:, 0].sum()),
+            "in_vocabulary": round(float(inside.mean()), 4) if len(inside) else None,
         }
         if runs.get(kind):
             out["by_kind"][kind]["chain_accepted"] = round(float(np.mean(runs[kind])), 3)

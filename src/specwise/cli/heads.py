@@ -212,12 +212,15 @@ def _layer_table(got: dict, what: str) -> str:
     depth = len(got["alpha"])
     head = " | ".join(f"α{j + 1}" for j in range(depth))
     lines = [f"{what}: how often the layer's argmax is the target's token, by draft depth",
-             f"| {what} | positions | {head} | accepted a round (chain of {depth}) |",
-             "|---|---|" + "---|" * depth + "---|"]
+             f"| {what} | positions | top token in vocabulary | {head} "
+             f"| accepted a round (chain of {depth}) |",
+             "|---|---|---|" + "---|" * depth + "---|"]
     for kind, v in got["by_kind"].items():
         alpha = " | ".join("—" if x is None else f"{x:.3f}" for x in v["alpha"])
-        acc = v.get("chain_accepted")
-        lines.append(f"| {kind} | {v['positions']} | {alpha} | {'—' if acc is None else acc} |")
+        acc, inside = v.get("chain_accepted"), v.get("in_vocabulary")
+        inside = "—" if inside is None else f"{inside:.3f}"
+        lines.append(f"| {kind} | {v['positions']} | {inside} | {alpha} "
+                     f"| {'—' if acc is None else acc} |")
     return "\n".join(lines)
 
 
