@@ -38,11 +38,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # What installs beside llama-cpp-python's build: the project's requirements and dev extras but
-# the two llama.cpp wheels. Both put an include/llama.h in the venv; ik_llama's installs last
-# (with `.[dev]`, after the build), so the header beside its library is its own.
-REQUIREMENTS := $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	print("\n".join(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] \
-	if not r.startswith(("llama-cpp-python", "ik-llama-cpp-python"))))'
+# the two llama.cpp wheels (`$(REQUIREMENTS) ik`: ik_llama's alone). Both wheels put an
+# include/llama.h in the venv; ik_llama's installs last, after the build, and again where it was
+# there already (a venv installed anew rebuilds llama-cpp-python, whose header then replaced
+# ik_llama's), so the header beside its library is its own.
+REQUIREMENTS := $(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	ik = [r for r in p["dependencies"] if r.startswith("ik-llama-cpp-python")]; \
+	print("\n".join(ik if sys.argv[1:] == ["ik"] else (r for r in p["dependencies"] \
+	+ p["optional-dependencies"]["dev"] if not r.startswith("llama-cpp-python") and r not in ik)))'
 
 # Two installs at once: llama.cpp builds for this CPU (minutes of both cores) while torch (first,
 # so pip takes the local CPU wheel instead of a multi-GB CUDA build) and the other requirements
@@ -58,6 +61,8 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet --no-compile -r $(VENV)/requirements.txt; rest=$$?; \
 	wait $$! || exit 1; exit $$rest
 	$(PIP) install --quiet -e '.[dev]'
+	$(REQUIREMENTS) ik > $(VENV)/ik-requirement.txt && \
+	$(PIP) install --quiet --force-reinstall --no-deps -r $(VENV)/ik-requirement.txt
 	rm -f $(VENV)/.specwise-installed*
 	touch $(STAMP)
 
