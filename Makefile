@@ -50,15 +50,17 @@ REQUIREMENTS := $(PY) -c 'import sys, tomllib; p = tomllib.load(open("pyproject.
 # Two installs at once: llama.cpp builds for this CPU (minutes of both cores) while torch (first,
 # so pip takes the local CPU wheel instead of a multi-GB CUDA build) and the other requirements
 # download and unpack (their bytecode left to their first import: compiling every module took
-# the build's cores); `pip install -e .[dev]` then finds them in place.
+# the build's cores); `pip install -e .[dev]` then finds them in place, and installs what
+# llama-cpp-python needs (built --no-deps: a cached build lands first, and the two installs
+# beside it would call the venv broken meanwhile).
 $(STAMP): pyproject.toml Makefile | $(PY)
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) for this CPU (2-4 minutes on 2 cores); the rest installs meanwhile"
 	@echo 'set(LLAMA_BUILD_COMMON OFF)' > $(LIBRARY_ONLY)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --quiet --force-reinstall --no-deps \
 		--cache-dir $(NATIVE_PIP_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION) & \
-	$(PIP) install --quiet --no-compile torch==2.13.0 && \
+	$(PIP) install --quiet --no-compile --no-warn-conflicts torch==2.13.0 && \
 	$(REQUIREMENTS) > $(VENV)/requirements.txt && \
-	$(PIP) install --quiet --no-compile -r $(VENV)/requirements.txt; rest=$$?; \
+	$(PIP) install --quiet --no-compile --no-warn-conflicts -r $(VENV)/requirements.txt; rest=$$?; \
 	wait $$! || exit 1; exit $$rest
 	$(PIP) install --quiet -e '.[dev]'
 	$(REQUIREMENTS) ik > $(VENV)/ik-requirement.txt && \
