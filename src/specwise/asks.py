@@ -76,8 +76,9 @@ GENERAL = (
 )
 
 
-# Subjects of the invented asks (`{topic}`): everyday life, work, study and hobbies.
 REDRAWS = 20  # draws of an invention prompt before a repeat is taken (a kind's are all used)
+
+# Subjects of the invented asks (`{topic}`): everyday life, work, study and hobbies.
 TOPICS = (
     "a neighbourhood bakery", "renting a first flat", "a school science fair", "training for a "
     "half marathon", "a leaking kitchen tap", "a family reunion", "saving for a holiday",
