@@ -212,6 +212,31 @@ def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
     assert strong.probe and strong.drafter.name == "ngram" and strong.k_max == shortest
 
 
+def test_a_cheap_drafter_whose_offer_costs_is_asked_while_it_pays_or_to_probe():
+    """An offer is paid for before the plan: a free one (n-gram) is asked every round; one
+    costing a share of a round (the eagle layer's) only while it drafts, while it pays on the
+    request's average, and every probe gap while plain beats it."""
+    ngram, eagle = Named("ngram", True), Named("eagle", True)
+    ctl = Controller([ngram, eagle], costs(LINEAR, {"ngram": 0.001, "eagle": 0.1}))
+    for _ in range(300):  # its unsure tokens are known to fail (not even worth a probe),
+        ctl.observe("warm", "eagle", Draft([1], None, [0.1]), accepted=0)
+        ctl.observe("warm", "eagle", Draft([1], None, [0.99]), accepted=1)  # its sure ones not
+    ctl.set_prior("eagle", [0.2] * 15)  # 1.5 ms an offer of 15: 15% of a plain round
+    asked = []
+    for _ in range(2 * PROBE_FIRST):
+        asked.append(ctl.asks(eagle, "r", 15))
+        assert ctl.asks(ngram, "r", 15)
+        plan = ctl.plan("r", room=15, offers={"eagle": [0.1] * 15} if asked[-1] else {})
+        assert plan.drafter is None
+    assert [i for i, x in enumerate(asked) if x] == [0, PROBE_FIRST - 1, 2 * PROBE_FIRST - 1]
+    plan = ctl.plan("s", room=15, offers={"eagle": [0.99] * 15})
+    assert plan.drafter is eagle and ctl.asks(eagle, "s", 15)  # it drafted the last round
+    ctl.set_prior("eagle", [0.9] * 15)  # where it pays on average, it is asked every round
+    for _ in range(PROBE_FIRST):
+        assert ctl.asks(eagle, "t", 15)
+        ctl.plan("t", room=15, offers={})
+
+
 def test_no_run_of_failures_locks_a_cheap_drafter_out():
     """Calibration forgets old outcomes, so a drafter that failed 1000 times is tried again
     once it starts being accepted (on other requests) — well before the successes outnumber

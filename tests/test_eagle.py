@@ -163,6 +163,30 @@ def test_a_tree_lists_the_best_nodes_a_parent_before_its_children():
     assert chain.tokens[0] == tree.tokens[0]
 
 
+def test_a_short_tree_is_the_long_trees_prefix_and_skips_the_levels_it_cannot_use():
+    """Levels are drafted only while a child could still enter the best k: every k-token
+    tree equals the first k tokens of the tree drafted with no such stop, and a 1-token
+    draft makes no call of the layer past its root."""
+    target = ToyLM(vocab=10, seed=2, hidden=LAYERS)
+    layer = _toy_layer(target, width=16, depth=4)
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        cache = layer.new_cache()
+        n = 2 + trial
+        root = layer.read(cache, rng.standard_normal((n, layer.state_size)), list(range(1, n + 1)))
+        calls: list[int] = []
+        expand = cache.net.expand
+        cache.net.expand = lambda *a, expand=expand, calls=calls: calls.append(1) or expand(*a)
+        for beam in (1, 2, 3):
+            full = propose_tree(layer, cache, root, 1000, beam)
+            for k in range(1, len(full.tokens) + 1):
+                calls.clear()
+                got = propose_tree(layer, cache, root, k, beam)
+                assert got.tokens == full.tokens[:k] and got.parents == full.parents[:k]
+                assert got.confidence == full.confidence[:k]
+                assert k > 1 or not calls
+
+
 def test_layer_states_are_every_fed_token_and_read_equals_forward():
     target = TorchLM(tiny_llama(vocab=16, seed=0, layers=3), hidden=(0, 2))
     assert target.hidden_layers == (0, 2) and target.hidden_size == 64

@@ -1,8 +1,9 @@
 """`Proposer`: step 1 of a round, who drafts and what (`engine.Engine.step` makes one a step).
 
 For one request (`propose`): with a fixed k, its drafter's draft of up to k tokens; with
-k="auto", the cheap drafters' offers first, then the controller's plan (a drafter and a length,
-or plain decoding: k = 0), then that drafter's draft. For a batch (`propose_all`): every
+k="auto", the offers of the cheap drafters the controller asks (`Controller.asks`) first, then
+the controller's plan (a drafter and a length, or plain decoding: k = 0), then that drafter's
+draft. For a batch (`propose_all`): every
 request's proposal, and with k="auto", where the controller finds it pays, its joint plan in
 which every sequence brings the same number of tokens (`align`: filler after the short drafts,
 fed but never verified, makes the call one pass on llama.cpp); in a batch where the controller
@@ -108,11 +109,10 @@ class Proposer:
             return Proposal(d, draft or none.draft, lag=lag)
         # Cheap drafters propose first; the controller then picks a drafter and length.
         offers: dict[str, Draft] = {}
+        longest = min(room, CHEAP_MAX_K)
         for d in allowed:
-            if d.cheap and room > 0:
-                got = drafter_call(
-                    r, d, d.propose, r.seq, r.context, min(room, CHEAP_MAX_K), r.params, r.sampler
-                )
+            if d.cheap and room > 0 and self.controller.asks(d, r.id, longest):
+                got = drafter_call(r, d, d.propose, r.seq, r.context, longest, r.params, r.sampler)
                 offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
         confidences = {n: o.scores() for n, o in offers.items()}

@@ -22,8 +22,11 @@ passes the batch runs anyway (`Pricing.sharing`): beside plain sequences, nothin
 a whole may then be aligned (`alignment.align`), and where no draft has paid for long at a
 batch size, planning backs off (`Backoff`).
 
-Cheap drafters (n-gram, suffix) propose before the decision, and the controller takes the best
-prefix. A model drafter that has fallen behind the context (it is prefilled only once chosen)
+Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, and the
+controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
+whose offer is not free (the eagle layer's: a tenth to a fifth of a plain round on Zen 4) is
+asked only while it drafts, while it pays on the request's average, or every probe gap
+(`asks`). A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
 is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
 is worth its cost: it goes on while, for some m > i, E(m) − E(i) > G·(C(m) − C(i)), with G the
@@ -71,6 +74,7 @@ __all__ = ["PROBE_FIRST", "PROBE_MAX", "STAKE", "Controller", "Stake"]
 
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 STAKE = 4.0  # plain steps a request may lose beyond what its drafts have won
+OFFER_FREE = 0.05  # a cheap drafter's offer costing under this share of a plain round is free
 
 
 class Stake:
@@ -198,6 +202,30 @@ class Controller:
             stop = self._stopper(best.drafter.name, rid, best.expected_goodput, best.k_max, batch)
             best = replace(best, keep_going=stop)
         return best
+
+    def asks(self, d: Drafter, rid: str, longest: int) -> bool:
+        """Whether to ask the cheap drafter `d` for an offer of up to `longest` tokens in
+        request `rid`'s round (the offer is made before the plan, so it is paid for whether
+        taken or not). Always where the offer is free (under OFFER_FREE of a plain round, as
+        the drafter's measured ms a token price it); else where the drafter drafted the
+        request's last round (or it has none yet), where on the request's average so far it
+        pays with the offer's cost counted, or every probe gap (PROBE_FIRST, doubling while
+        its probes lose) while it sits idle."""
+        plain = self.pricing.round_ms(None, 0, Batch())
+        offer = self.costs.draft_ms_per_token.get(d.name, 0.0) * longest
+        st = self.estimates[d.name]
+        idle = st.idle.get(rid, 0)
+        if offer <= OFFER_FREE * plain or idle == 0:
+            return True
+        if (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
+            return True
+        a = st.request_alpha(rid, longest)
+        e = expected_tokens(a)
+        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
+        return any(
+            e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m) > MARGIN / plain
+            for m in range(1, len(e))
+        )
 
     def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
         """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise

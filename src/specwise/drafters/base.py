@@ -98,8 +98,9 @@ KeepGoing = Callable[
 @runtime_checkable
 class Drafter(Protocol):
     name: str
-    # True when proposing costs next to nothing (the controller asks first, then keeps the best
-    # prefix); False when each token costs a forward (the controller decides first).
+    # True when proposing costs little beside a forward (the controller asks first, then keeps
+    # the best prefix; an offer that is not free it asks only while it pays: `Controller.asks`);
+    # False when each token costs a forward (the controller decides first).
     cheap: bool
     fingerprint: str  # identifies what the drafter runs (keys cached cost measurements)
     # Optional: the most tokens one proposal can hold (a drafter without it has no limit of

@@ -30,7 +30,9 @@ layer's probabilities along the path) are expanded, each with its `beam` most li
 children, in one call of the layer; after `depth` levels every node is ranked by its
 cumulative probability and the draft is the best k of them, a parent before its children
 (its cumulative probability is at least theirs). So the draft's first m tokens are the best
-m-token tree (a node below `FLOOR` gets no children, so an unsure layer spends little): the
+m-token tree (a node below `FLOOR` gets no children, so an unsure layer spends little; and
+no level is drafted once the k-th best node is at least as likely as any child could be, so
+a short draft costs only its levels: a 1-token draft is the root's alone): the
 controller, which takes a prefix of an offer, sizes the tree from the
 layer's calibrated confidences (each token's probability given its parent) as it prices every
 drafter. The tree is a point mass, verified by the exact tree rules; on a target that takes no
@@ -442,8 +444,8 @@ def propose_tree(layer: Layer, cache: Cache, root, k: int, beam: int) -> Tree:
         for depth in range(2, layer.depth + 1):
             best = [i for i in sorted(level, key=lambda i: -nodes[i][3])[:beam]
                     if nodes[i][3] >= FLOOR]
-            if not best:  # no node worth a child: the level's call is not made
-                break
+            if not best or (len(nodes) >= k and _kth(nodes, k) >= nodes[best[0]][3]):
+                break  # no node worth a child, or no child could enter the best k
             rows = [parent_row[level.index(i)] for i in best]
             toks = torch.tensor([nodes[i][1] for i in best])
             a, st, lg, ck, cv = net.expand(
@@ -468,3 +470,8 @@ def propose_tree(layer: Layer, cache: Cache, root, k: int, beam: int) -> Tree:
         tree.confidence.append(float(c))
         tree.cumulative.append(float(cum))
     return tree
+
+
+def _kth(nodes: Sequence[tuple[int, int, float, float, int]], k: int) -> float:
+    """The k-th highest cumulative probability among the tree's nodes (k <= len(nodes))."""
+    return sorted((n[3] for n in nodes), reverse=True)[k - 1]
