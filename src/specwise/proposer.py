@@ -3,12 +3,12 @@
 For one request (`propose`): with a fixed k, its drafter's draft of up to k tokens; with
 k="auto", the offers of the cheap drafters the controller asks (`Controller.asks`) first, then
 the controller's plan (a drafter and a length, or plain decoding: k = 0), then that drafter's
-draft. For a batch (`propose_all`): every
-request's proposal, and with k="auto", where the controller finds it pays, its joint plan in
-which every sequence brings the same number of tokens (`align`: filler after the short drafts,
-fed but never verified, makes the call one pass on llama.cpp); in a batch where the controller
-finds planning not worth it this step (`Controller.unplanned`), every request decodes plainly.
-`Proposal` records what it decided, for the rest of the round.
+draft. For a batch (`propose_all`): every request's proposal, and with k="auto", where the
+controller finds it pays, its joint plan in which every sequence brings the same number of
+tokens (`align`: filler after the short drafts, fed but never verified, makes the call one pass
+on llama.cpp); in a batch where the controller finds planning not worth it this step
+(`Controller.unplanned`), every request decodes plainly. `Proposal` records what it decided,
+for the rest of the round.
 
 A drafter that raises is dropped for that request, which then decodes plainly (`drafter_call`;
 the engine calls drafters through it at their prefill and commit too). What it is not: the
@@ -107,7 +107,7 @@ class Proposer:
             lag = d.lag(r.seq, r.context)
             draft = drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
             return Proposal(d, draft or none.draft, lag=lag)
-        # Cheap drafters propose first; the controller then picks a drafter and length.
+        # The cheap drafters it asks propose first; the controller then picks a drafter and length.
         offers: dict[str, Draft] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:

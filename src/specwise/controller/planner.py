@@ -212,7 +212,8 @@ class Controller:
         pays with the offer's cost counted, or every probe gap (PROBE_FIRST, doubling while
         its probes lose) while it sits idle."""
         plain = self.pricing.round_ms(None, 0, Batch())
-        offer = self.costs.draft_ms_per_token.get(d.name, 0.0) * longest
+        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
+        offer = per * longest
         st = self.estimates[d.name]
         idle = st.idle.get(rid, 0)
         if offer <= OFFER_FREE * plain or idle == 0:
@@ -221,7 +222,6 @@ class Controller:
             return True
         a = st.request_alpha(rid, longest)
         e = expected_tokens(a)
-        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
         return any(
             e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m) > MARGIN / plain
             for m in range(1, len(e))
