@@ -107,7 +107,7 @@ class Proposer:
             lag = d.lag(r.seq, r.context)
             draft = drafter_call(r, d, d.propose, r.seq, r.context, k, r.params, r.sampler)
             return Proposal(d, draft or none.draft, lag=lag)
-        # The cheap drafters it asks propose first; the controller then picks a drafter and length.
+        # The cheap drafters the controller asks propose first; it then picks a drafter and length.
         offers: dict[str, Draft] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:

@@ -24,7 +24,7 @@ batch size, planning backs off (`Backoff`).
 
 Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, and the
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
-whose offer is not free (the eagle layer's: a tenth to a fifth of a plain round on Zen 4) is
+whose offer is not free (the eagle layer's: its read and a layer call a level) is
 asked only while it drafts, while it pays on the request's average, or every probe gap
 (`asks`). A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
