@@ -236,7 +236,7 @@ class _LayerWork(_Work):
 
         width = max(len(a[2]) for a in drawn)
         h = torch.zeros(len(drawn), width, net.state_size)
-        t = torch.full((len(drawn), width), net.other, dtype=torch.long)
+        t = torch.full((len(drawn), width), len(net.ids), dtype=torch.long)
         y = torch.full((len(drawn), width), -1, dtype=torch.long)
         for b, (hidden, tokens, labels) in enumerate(drawn):
             n = len(labels)

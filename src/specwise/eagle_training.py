@@ -2,9 +2,7 @@
 (`specwise.teacher`), and scoring it on the held-out sequences.
 
 - **Vocabulary** (`choose_vocab`): the `size` ids the target put first most often at the
-  training positions, plus its end-of-text ids; the layer can name only these. It may read
-  more tokens than it names (`choose_inputs`: those that follow training positions most
-  often, then the lowest ids).
+  training positions, plus its end-of-text ids; the layer can name only these.
 - **Batches**: windows of up to `WINDOW` positions of training sequences (not held out), a
   few a step. Position i of a window reads its states and the token after it; at draft depth
   j (1..depth) it learns the target's distribution at position i + j, its top `teacher.K`
@@ -53,9 +51,7 @@ from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import vocab_index
 from specwise.teacher import Data
 
-__all__ = [
-    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_inputs", "choose_vocab", "evaluate", "train",
-]
+__all__ = ["DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "train"]
 
 WINDOW = 512  # most positions of one training window
 DEPTH_WEIGHT = 0.8  # depth j's loss weighs DEPTH_WEIGHT ** (j - 1)
@@ -66,44 +62,20 @@ WARMUP = 50  # steps
 CHECKPOINT_S = 300.0
 
 
-def _most_frequent(values: np.ndarray, n: int, skip: np.ndarray) -> list[int]:
-    """The `n` values seen most often in `values` (ties by lower value), none of `skip`."""
-    counts = np.bincount(values.astype(np.int64), minlength=1)
-    counts[skip[skip < len(counts)]] = 0
-    order = np.lexsort((np.arange(len(counts)), -counts))
-    return [int(i) for i in order[: max(0, n)] if counts[i] > 0]
-
-
-def _training(data: Data) -> np.ndarray:
-    """Which positions of `data` are trained on (labelled, not in a held-out sequence)."""
-    return data.train & ~np.repeat(data.held_out(), data.lengths)
-
-
 def choose_vocab(data: Data, size: int, always: Sequence[int] = ()) -> np.ndarray:
     """The `size` ids the target put first most often at the training positions of `data`
     (ties by lower id), plus `always`, sorted."""
-    picked = _most_frequent(data.label_ids[_training(data), 0], size, np.zeros(0, np.int64))
+    keep = data.train & ~np.repeat(data.held_out(), data.lengths)
+    top = data.label_ids[keep, 0].astype(np.int64)
+    counts = np.bincount(top, minlength=int(top.max(initial=0)) + 1)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    picked = [int(i) for i in order[:size] if counts[i] > 0]
     return np.array(sorted(set(picked) | {int(x) for x in always}), dtype=np.int64)
-
-
-def choose_inputs(data: Data, ids: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
-    """`size` - len(ids) more ids the layer reads as tokens (`Layer`'s `extra`; fewer where
-    the vocabulary runs out): those that follow a training position most often, outside `ids`
-    (ties by lower id), then the lowest ids left (a BPE vocabulary's earliest merges: its most
-    frequent tokens)."""
-    follow = np.flatnonzero(_training(data)) + 1
-    follow = follow[follow < len(data.tokens)]
-    seen = _most_frequent(data.tokens[follow], size - len(ids), ids)
-    taken = np.zeros(vocab_size, dtype=bool)
-    taken[ids] = True
-    taken[seen] = True
-    rest = np.flatnonzero(~taken)[: max(0, size - len(ids) - len(seen))]
-    return np.array([*seen, *rest.tolist()], dtype=np.int64)
 
 
 def coverage(data: Data, ids: np.ndarray) -> float:
     """The share of the training positions whose target top token is in `ids`."""
-    keep = _training(data)
+    keep = data.train & ~np.repeat(data.held_out(), data.lengths)
     return float(np.isin(data.label_ids[keep, 0], ids).mean()) if keep.any() else 0.0
 
 
@@ -128,9 +100,10 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
     import torch
 
     width = max(e - a for a, e in windows)
+    n_ids = len(layer.ids)
     d = layer.hidden_size
     s = torch.zeros(len(windows), width, layer.state_size)
-    t = torch.full((len(windows), width + depth - 1), layer.other, dtype=torch.long)
+    t = torch.full((len(windows), width + depth - 1), n_ids, dtype=torch.long)
     cols = torch.zeros(depth, len(windows), width, data.label_ids.shape[1], dtype=torch.long)
     wts = torch.zeros(depth, len(windows), width, data.label_ids.shape[1])
     tops = torch.zeros(depth, len(windows), width, d)
@@ -250,7 +223,7 @@ def train(
     total = int(data.lengths[fit].sum())
     module = layer.module
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
-    key = {"ids": [int(i) for i in layer.inputs], "width": layer.width, "depth": depth,
+    key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
            "layers": list(layer.layers), "positions": positions, "start": layer.start,
            "train_positions": total}
     step, seen, spent = 0, 0, 0.0
@@ -357,15 +330,15 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers),
     `chain_accepted` over greedy answers (module docstring), `in_vocabulary`: the share of
     the depth-1 positions whose top token the layer can name (α1's ceiling), and `by_read`:
-    α1 and the share of the positions by the token the position reads (one the layer names, one
-    it reads beside them, any other)."""
+    α1 and the share of the positions by the token the position reads (one the layer names,
+    any other: it reads those as one token)."""
     import torch
 
     depth = layer.depth
     held = np.flatnonzero(data.held_out() & (data.lengths > 1))
     groups: dict[str, list] = {"all": [], "read": [], "answer": [], "greedy": []}
     runs: dict[str, list] = {}  # per greedy-answer position: depths right in a row, by kind
-    reads: list[tuple[np.ndarray, np.ndarray]] = []  # depth 1: (right, the token read's class)
+    reads: list[tuple[np.ndarray, np.ndarray]] = []  # depth 1: (right, reads a named token)
     total = 0
     where = vocab_index(layer.ids, layer.vocab_size)
     with torch.inference_mode():
@@ -392,9 +365,8 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                     right[:n, j] = guess[:n] == want
                     if j == 0:
                         inside[:n] = where[want] >= 0
-                        read = layer.index(data.tokens[lo:hi])
-                        cls = np.where(read < len(layer.ids), 0, np.where(read < layer.other, 1, 2))
-                        reads.append((right[:n, 0][valid[:n, 0]], cls[valid[:n, 0]]))
+                        named = where[data.tokens[lo:hi]] >= 0
+                        reads.append((right[:n, 0][valid[:n, 0]], named[valid[:n, 0]]))
                 kinds = ["all", meta["kind"]] + (["greedy"] if meta.get("greedy") else [])
                 kinds += [meta["category"]] if "category" in meta else []
                 for kind in kinds:
@@ -421,11 +393,10 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
         if runs.get(kind):
             out["by_kind"][kind]["chain_accepted"] = round(float(np.mean(runs[kind])), 3)
     if reads:
-        r, cls = (np.concatenate(x) for x in zip(*reads, strict=True))
+        r, named = (np.concatenate(x) for x in zip(*reads, strict=True))
         out["by_read"] = {
-            name: {"alpha1": round(float(r[cls == c].mean()), 4),
-                   "share": round(float((cls == c).mean()), 4)}
-            for c, name in enumerate(("named", "extra", "other")) if (cls == c).any()
+            name: {"alpha1": round(float(r[pick].mean()), 4), "share": round(float(pick.mean()), 4)}
+            for name, pick in (("named", named), ("other", ~named)) if pick.any()
         }
     out["alpha"] = out["by_kind"].get("all", {}).get("alpha", [])
     out["chain_accepted"] = out["by_kind"].get("all", {}).get("chain_accepted")

@@ -121,8 +121,6 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     """`specwise heads train --arch eagle`: the eagle drafter's layer, on `heads data`'s data."""
     import time as _time
 
-    import numpy as np
-
     from specwise import eagle_training, teacher, weights
     from specwise.backends import model_layers, resolve_model
     from specwise.drafters.eagle import FILE, Layer, bench_path, data_path, layers_for
@@ -137,11 +135,6 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     if (a.epochs is not None and not a.epochs > 0) or (a.positions is not None and a.positions < 1):
         raise UsageError(
             f"--epochs {a.epochs}, --positions {a.positions}: use --epochs > 0 and --positions >= 1"
-        )
-    if a.input_vocab is not None and a.input_vocab < (a.vocab or 4096):
-        raise UsageError(
-            f"--input-vocab {a.input_vocab}: use at least the tokens the layer names "
-            f"(--vocab, {a.vocab or 4096})"
         )
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
     if not kinds or set(kinds) - set(teacher.KINDS):
@@ -162,18 +155,16 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     a.backend = "ik_llama" if a.backend == "auto" and not model.is_dir() else a.backend
     target, _ = _load_models(a, need_draft=False, hidden=layers)  # its sizes and end ids
     ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
-    extra = eagle_training.choose_inputs(data, ids, a.input_vocab or 0, target.vocab_size)
     print(f"specwise: {len(data)} positions; a vocabulary of {len(ids)} tokens covers "
-          f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens"
-          + (f"; it reads {len(ids) + len(extra)}" if len(extra) else ""), file=sys.stderr)
+          f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
     meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
     layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
-                  width=a.width, depth=a.depth, meta=meta, extra=extra,
+                  width=a.width, depth=a.depth, meta=meta,
                   unembedding=weights.unembedding(target, ids), final_norm=weights.final_norm(target),
-                  embedding=weights.embedding(target, np.concatenate([ids, extra])))
+                  embedding=weights.embedding(target, ids))
     size = ("" if a.positions is None else f"-{a.positions}") + (
         "" if kinds == teacher.KINDS else "-" + "-".join(kinds)
-    ) + (f"-in{len(layer.inputs)}" if len(extra) else "")
+    )
     ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}{size}.pt"
     bench = bench_path(model, layers)
     bench_data = teacher.Data(bench) if teacher.bench_complete(bench) else None
@@ -326,11 +317,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ht.add_argument(
         "--vocab", type=int,
         help="tokens the network can name, most frequent (heads 2048, eagle 4096)",
-    )
-    ht.add_argument(
-        "--input-vocab", type=int,
-        help="eagle: tokens the layer reads, most frequent (at least --vocab's; default: those "
-        "it can name)",
     )
     ht.add_argument("--width", type=int, default=768, help="the eagle layer's width (768)")
     ht.add_argument(

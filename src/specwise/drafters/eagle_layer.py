@@ -17,11 +17,7 @@ predicting x_{t+2}. Out and its norm start as the target's own output rows for `
 final norm, and Back at zero, so the layer starts as the target's reading of its top layer
 (its guess at x_{t+1}) and learns the correction in the target's space: measured on 70k
 positions, α1 on the bench's answers 0.21 against 0.18 with Out at the layer's width. E
-embeds the tokens the layer reads (`inputs`: the ones it names, and maybe more, `extra`; any
-other token is one shared index): E(x) = emb(x) + Map(fixed(x)), where fixed(x) is the
-target's own embedding of x projected to the width (`projected`; kept as it is), Map is learnt,
-and emb(x), from zero, is x's own learnt correction; so a token that training never showed
-reads as the target embeds it. To draft further it runs on its
+starts from the target's own token embeddings (`projected`). To draft further it runs on its
 own output, as it was trained to (training-time test,
 `specwise.eagle_training`): at draft depth j >= 1 the feature it reads in place of f is the
 feature a of its parent draft token, with that token's embedding, the state it corrects is its
@@ -60,8 +56,7 @@ from specwise.drafters.heads import check_vocab, load_state, save_state, vocab_i
 
 __all__ = ["ATTENTION_HEADS", "BEAM", "DEPTH", "FLOOR", "FORMAT", "Cache", "Layer", "Tree", "propose_tree"]
 
-FORMAT = 4  # the file's layout (1: over the final state alone; 2: Out at the layer's width;
-# 3: E learnt alone)
+FORMAT = 3  # the file's layout (1: over the final state alone; 2: Out at the layer's width)
 ATTENTION_HEADS = 8
 BEAM = 3  # nodes expanded a level, and children of each
 DEPTH = 4  # draft levels (the depth it was trained to)
@@ -73,15 +68,13 @@ FLOOR = 0.02
 
 class Layer:
     """Layer(hidden_size, layers, ids, vocab_size, width=768, depth=DEPTH, seed=0,
-    unembedding=None, final_norm=None, embedding=None, extra=()): the network. hidden_size: the
-    target's width; layers: the target layers it reads (states of len(layers) * hidden_size);
-    ids: the target ids of the reduced vocabulary (distinct, < vocab_size); extra: more target
-    ids it reads as tokens but never drafts (its input vocabulary, `inputs`, is ids then extra;
-    any other id reads as one shared token, index `other`); depth: the draft depth it is
+    unembedding=None, final_norm=None, embedding=None): the network. hidden_size: the target's
+    width; layers: the target layers it reads (states of len(layers) * hidden_size); ids: the
+    target ids of the reduced vocabulary (distinct, < vocab_size); depth: the draft depth it is
     trained to; unembedding [len(ids), hidden_size] and final_norm [hidden_size]: the target's
     output rows for `ids` and its final norm's weights, where Out and its norm start (else at
-    random and at one); embedding [len(inputs), hidden_size]: the target's token embeddings
-    for `inputs`, where E starts (`projected`; else at random). `module` is the torch module
+    random and at one); embedding [len(ids), hidden_size]: the target's token embeddings for
+    `ids`, where E starts (`projected`; else at random). `module` is the torch module
     (training); `read` and `expand` run its int8 copy (drafting)."""
 
     def __init__(
@@ -97,22 +90,18 @@ class Layer:
         unembedding: np.ndarray | None = None,
         final_norm: np.ndarray | None = None,
         embedding: np.ndarray | None = None,
-        extra: Sequence[int] = (),
     ) -> None:
         import torch
 
         ids = np.asarray(ids, dtype=np.int64)
-        extra = np.asarray(extra, dtype=np.int64).reshape(-1)
         if width < ATTENTION_HEADS or width % ATTENTION_HEADS:
             raise ValueError(f"width = {width} is invalid; use a multiple of {ATTENTION_HEADS}")
         if depth < 1:
             raise ValueError(f"depth = {depth} is invalid; use an integer >= 1")
         check_vocab(ids, vocab_size, hidden_size, unembedding, "the layer's")
-        inputs = np.concatenate([ids, extra])
-        check_vocab(inputs, vocab_size, hidden_size, None, "the layer's input")
-        if embedding is not None and np.shape(embedding) != (len(inputs), hidden_size):
+        if embedding is not None and np.shape(embedding) != (len(ids), hidden_size):
             raise ValueError(
-                f"embedding has shape {np.shape(embedding)}, not {(len(inputs), hidden_size)}"
+                f"embedding has shape {np.shape(embedding)}, not {(len(ids), hidden_size)}"
             )
         if final_norm is not None and np.shape(final_norm) != (hidden_size,):
             raise ValueError(
@@ -122,27 +111,27 @@ class Layer:
         self.layers = tuple(int(i) for i in layers)
         self.state_size = hidden_size * len(self.layers)
         self.depth = depth
-        self.ids, self.inputs, self.other = ids, inputs, len(inputs)
+        self.ids = ids
         self.meta = dict(meta or {})
-        self._where = vocab_index(inputs, vocab_size, missing=self.other)
+        self._where = vocab_index(ids, vocab_size, missing=len(ids))  # the last: any other id
         torch.manual_seed(seed)
-        self.module = _module_class()(len(self.layers), hidden_size, width, len(ids), len(inputs))
+        self.module = _module_class()(len(self.layers), hidden_size, width, len(ids))
         with torch.no_grad():
             if unembedding is not None:
                 self.module.out.weight.copy_(torch.from_numpy(np.asarray(unembedding)))
             if final_norm is not None:
                 self.module.norm3.weight.copy_(torch.from_numpy(np.asarray(final_norm)))
             if embedding is not None:
-                self.module.fixed[: self.other] = torch.from_numpy(projected(embedding, width))
+                self.module.emb.weight[: len(ids)] = torch.from_numpy(projected(embedding, width))
         self.start = "random" if embedding is None else "embedding"  # where E started
         self._fast: Any = None  # the inference copy, made on first use
 
     def index(self, tokens: Sequence[int]) -> np.ndarray:
-        """Target ids -> the layer's input indices (those of `ids` are their index there;
-        `other` for an id outside `inputs` or unknown, -1)."""
+        """Target ids -> the layer's token indices (len(ids) for an id outside the vocabulary
+        or unknown, -1)."""
         t = np.asarray(tokens, dtype=np.int64)
         inside = (t >= 0) & (t < self.vocab_size)
-        return np.where(inside, self._where[t.clip(0, self.vocab_size - 1)], self.other)
+        return np.where(inside, self._where[t.clip(0, self.vocab_size - 1)], len(self.ids))
 
     def new_cache(self) -> Cache:
         """An empty cache for one sequence, bound to the int8 copy published now."""
@@ -191,7 +180,6 @@ class Layer:
             "width": self.width,
             "depth": self.depth,
             "ids": torch.from_numpy(self.ids),
-            "extra": torch.from_numpy(self.inputs[len(self.ids) :]),
             "weights": {k: v.half() for k, v in self.module.state_dict().items()},
             "meta": self.meta,
         }
@@ -211,7 +199,6 @@ class Layer:
                 width=state["width"],
                 depth=state["depth"],
                 meta=state.get("meta"),
-                extra=state["extra"].numpy() if "extra" in state else (),
             )
             layer.module.load_state_dict({k: v.float() for k, v in state["weights"].items()})
             layer.ready()
@@ -296,21 +283,14 @@ def _module_class():
         """Fuse, the token embedding, the input projection, one pre-norm attention block with
         its MLP, and the output layer over the reduced vocabulary (module docstring)."""
 
-        def __init__(self, parts: int, d: int, width: int, n_ids: int, n_inputs: int) -> None:
+        def __init__(self, parts: int, d: int, width: int, n_ids: int) -> None:
             super().__init__()
             self.parts, self.d, self.width = parts, d, width
             self.fuse = nn.Linear(parts * d, width, bias=False)
-            # E(x) = emb(x) + Map(fixed(x)): fixed rows (the target's embeddings projected, or
-            # random) read through one learnt map, and a learnt row of each token's own, from
-            # zero; so a token the training never saw reads as the target embeds it. The last
-            # index: any other id (fixed at zero; its own row learnt).
-            self.register_buffer("fixed", torch.zeros(n_inputs + 1, width))
-            self.emb = nn.Embedding(n_inputs + 1, width)
-            self.map = nn.Linear(width, width, bias=False)
+            self.emb = nn.Embedding(n_ids + 1, width)
             with torch.no_grad():
-                self.fixed[:n_inputs].normal_(0.0, 0.02)
-                self.emb.weight.zero_()
-                self.map.weight.copy_(torch.eye(width))
+                self.emb.weight.normal_(0.0, 0.02)
+                self.emb.weight[n_ids].zero_()
             self.norm_f = nn.RMSNorm(width)
             self.norm_e = nn.RMSNorm(width)
             self.inp = nn.Linear(2 * width, width, bias=False)
@@ -332,11 +312,8 @@ def _module_class():
             s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
             return self.fuse(s.flatten(-2))
 
-        def embed(self, t):  # token indices [...] -> E(t) [..., w]
-            return self.emb(t) + self.map(self.fixed[t])
-
         def inputs(self, f, t):  # features [..., w], token indices [...] -> u [..., w]
-            return self.inp(torch.cat([self.norm_f(f), self.norm_e(self.embed(t))], dim=-1))
+            return self.inp(torch.cat([self.norm_f(f), self.norm_e(self.emb(t))], dim=-1))
 
         def qkv_of(self, u):  # u [..., w] -> q, k, v [..., H, w / H]
             q, k, v = self.qkv(self.norm1(u)).chunk(3, dim=-1)
