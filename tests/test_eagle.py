@@ -466,6 +466,18 @@ def test_the_bench_answers_are_greedy_held_out_and_scored_by_category(tmp_path, 
     assert len(teacher.Data(tmp_path / "bench").meta) == 6
 
 
+def test_a_layer_outscores_another_only_on_the_same_bench_answers():
+    def rec(alpha1, scored=100):
+        return {"bench": {"alpha": [alpha1, 0.1], "scored_positions": scored}}
+
+    assert eagle_training.outscores(rec(0.4), rec(0.3))
+    assert not eagle_training.outscores(rec(0.3), rec(0.4))
+    assert not eagle_training.outscores(rec(0.3), rec(0.3))  # a tie installs the new one
+    assert not eagle_training.outscores(rec(0.4, 100), rec(0.3, 120))  # other answers
+    assert not eagle_training.outscores({}, rec(0.3))  # no bench score: nothing to compare
+    assert not eagle_training.outscores(rec(0.4), {"bench": None})
+
+
 def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(tmp_path):
     layer = Layer(9, LAYERS, [0, 1, 2], 3, width=8)
     with pytest.raises(ValueError, match="no layer states"):
@@ -503,6 +515,7 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
 
     import specwise.prompts
     from specwise.backends import ik_llama
+    from specwise.bench import workloads
     from specwise.cli import heads as heads_cli
     from specwise.cli import main
     from specwise.drafters import eagle
@@ -514,7 +527,11 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     asks = [Prompt("c-1", "chat", ("Name three colours.",)),
             Prompt("m-1", "math", ("What is 12 times 7?",)),
             Prompt("g-1", "code_generation", ("Write a Python function that adds two numbers.",))]
-    monkeypatch.setattr(specwise.prompts, "shipped", lambda categories=None: asks)
+    def shipped(categories=None):
+        return [p for p in asks if categories is None or p.category in categories]
+
+    monkeypatch.setattr(specwise.prompts, "shipped", shipped)
+    monkeypatch.setattr(workloads, "shipped", shipped)  # `bench replay`'s prompts
     monkeypatch.setattr(eagle, "shipped_path", lambda model: tmp_path / "pkg" / "eagle.pt")
     monkeypatch.setattr(ik_llama, "probe", lambda *a, **k: None)
     target = ["--target", str(smollm2_path)]
@@ -548,7 +565,7 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     fit = eagle_training.training_sequences(answered)
     assert record["train_positions"] == answered.lengths[fit].sum()
     capsys.readouterr()
-    argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--curve",
+    argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--curve", "--replace",
             "--width", "16", "--vocab", "64", "--depth", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -561,6 +578,19 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert main(["heads", "score", *target]) == 0
     out = capsys.readouterr().out
     assert "| bench | positions |" in out and "| math |" in out
+    record["bench"]["alpha"][0] = 1.0  # as if the layer installed were perfect on the bench
+    trained.with_suffix(".json").write_text(json.dumps(record))
+    before = trained.read_bytes()
+    small += ["--lr", "0.01"]  # another rate: trained from the start, not resumed
+    assert main(["heads", "train", *target, "--arch", "eagle", "--epochs", "1", *small]) == 0
+    out = capsys.readouterr().out
+    assert "kept the layer installed: on the bench's answers it scores α1 1.000" in out
+    assert trained.read_bytes() == before and (trained.parent / heads_cli.NEW_FILE).is_file()
+    assert main(["heads", "train", *target, "--replace"]) == 2  # heads: nothing to replace
+    assert "add --arch eagle" in capsys.readouterr().err
+    argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--replace", *small]
+    assert main(argv) == 0
+    assert trained.read_bytes() != before and "saved to" in capsys.readouterr().out
     assert main(["heads", "ship", *target]) == 0
     shipped = tmp_path / "pkg" / "eagle.pt"
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())

@@ -51,7 +51,9 @@ from specwise.drafters.eagle import Layer
 from specwise.drafters.heads import vocab_index
 from specwise.teacher import Data
 
-__all__ = ["DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "train"]
+__all__ = [
+    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "outscores", "train",
+]
 
 WINDOW = 512  # most positions of one training window
 DEPTH_WEIGHT = 0.8  # depth j's loss weighs DEPTH_WEIGHT ** (j - 1)
@@ -206,7 +208,7 @@ def train(
     """Train `layer` on the training sequences of `data` (with `positions`, on about that
     many: `training_sequences`) for about `seconds`, or for `epochs` passes over them,
     resuming from `checkpoint` where it holds one for the same vocabulary, shape, start
-    (`Layer.start`) and training positions; returns what was done and `evaluate` on the
+    (`Layer.start`), training positions and `lr`; returns what was done and `evaluate` on the
     held-out sequences. With `curve` (positions seen) and `judge` (a layer -> its scores),
     the result's `curve` holds what `judge` said as the training passed each of them: in a first epoch, the layer trained on that many
     distinct positions, at the learning rate of that point of the schedule."""
@@ -225,7 +227,7 @@ def train(
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
            "layers": list(layer.layers), "positions": positions, "start": layer.start,
-           "train_positions": total}
+           "train_positions": total, "lr": lr}
     step, seen, spent = 0, 0, 0.0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -235,8 +237,8 @@ def train(
             step, seen, spent = state["step"], state["positions"], state.get("seconds", 0.0)
             progress(f"resuming from {checkpoint.name}: step {step}, {seen} positions seen")
         else:
-            progress(f"{checkpoint.name} was trained for another vocabulary, shape or start; "
-                     "training from the start")
+            progress(f"{checkpoint.name} was trained for another vocabulary, shape, start or "
+                     "learning rate; training from the start")
     rng = np.random.default_rng(seed + step)
     module.train()
     start = last_save = time.perf_counter()
@@ -401,6 +403,18 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     out["alpha"] = out["by_kind"].get("all", {}).get("alpha", [])
     out["chain_accepted"] = out["by_kind"].get("all", {}).get("chain_accepted")
     return out
+
+
+def outscores(installed: dict, new: dict) -> bool:
+    """Whether the layer whose record is `installed` scored a higher α1 than the one whose
+    record is `new` on the same bench answers (each record's `bench`: `evaluate` on them; the
+    same answers: as many positions scored). Records without a bench score do not compare."""
+    a, b = installed.get("bench") or {}, new.get("bench") or {}
+    if not a.get("alpha") or not b.get("alpha"):
+        return False
+    if a.get("scored_positions") != b.get("scored_positions"):
+        return False
+    return a["alpha"][0] > b["alpha"][0]
 
 
 def save_result(path: Path, result: dict) -> None:

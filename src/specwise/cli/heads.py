@@ -136,6 +136,9 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         raise UsageError(
             f"--epochs {a.epochs}, --positions {a.positions}: use --epochs > 0 and --positions >= 1"
         )
+    lr = eagle_training.LR if a.lr is None else a.lr
+    if not 0 < lr < 1:
+        raise UsageError(f"--lr {a.lr}: use a learning rate between 0 and 1, e.g. {eagle_training.LR}")
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
     if not kinds or set(kinds) - set(teacher.KINDS):
         raise UsageError(
@@ -181,13 +184,18 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     result = eagle_training.train(
         layer, data, None if a.epochs else a.minutes * 60.0, checkpoint=ckpt,
         epochs=a.epochs, positions=a.positions, curve=curve if a.curve else (), judge=judge,
+        lr=lr,
     )
     if bench_data is not None:
         result["bench"] = eagle_training.evaluate(layer, bench_data)
     layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=total,
                       data=teacher.summary(folder), kinds=list(kinds), machine=machine(),
-                      **result)
+                      lr=lr, **result)
     out = heads_path(model) / FILE
+    installed = _record(out)
+    kept = installed is not None and not a.replace and eagle_training.outscores(installed, result)
+    if kept:
+        out = out.with_name(NEW_FILE)
     layer.save(out)
     eagle_training.save_result(out, layer.meta)
     print(_layer_table(result, "held out"))
@@ -195,9 +203,29 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         print(_layer_table(result["bench"], "bench"))
     if result.get("curve"):
         print(_curve_table(result["curve"]))
+    if kept:
+        print(f"specwise: kept the layer installed: on the bench's answers it scores α1 "
+              f"{installed['bench']['alpha'][0]:.3f}, the new one {result['bench']['alpha'][0]:.3f}; "
+              f"the new one is saved to {out} (--replace installs a new layer whatever it scores)")
+        return 0
     print(f"specwise: saved to {out} (its training beside it, {out.with_suffix('.json').name}); "
           "draft with --drafter eagle (or among them, with --k auto)")
     return 0
+
+
+NEW_FILE = "eagle.new.pt"  # where a layer goes that scores below the one installed
+
+
+def _record(layer_file: Path) -> dict | None:
+    """The training record beside an installed layer (`<layer>.json`), or None."""
+    import json
+
+    if not layer_file.is_file():
+        return None
+    try:
+        return json.loads(layer_file.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 ALL_KINDS = "read,answer"  # teacher.KINDS, as --kinds spells them
@@ -285,9 +313,11 @@ def cmd_heads(a: argparse.Namespace) -> int:
         )
     if a.arch == "eagle":
         return _heads_train_eagle(a)
-    if a.epochs is not None or a.positions is not None or a.curve or a.kinds != ALL_KINDS:
+    if (a.epochs is not None or a.positions is not None or a.curve or a.kinds != ALL_KINDS
+            or a.lr is not None or a.replace):
         raise UsageError(
-            "--epochs, --positions, --kinds and --curve train the eagle layer: add --arch eagle"
+            "--epochs, --positions, --kinds, --lr, --replace and --curve train the eagle layer: "
+            "add --arch eagle"
         )
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
     out = distill.run(target, a.minutes, a.heads, a.vocab or 2048, a.sequences)
@@ -296,6 +326,8 @@ def cmd_heads(a: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from specwise import eagle_training
+
     """`heads` and its subcommands."""
     h = sub.add_parser("heads", help="drafting heads on the target's hidden states")
     hsub = h.add_subparsers(dest="heads_command", required=True)
@@ -324,6 +356,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
     ht.add_argument(
+        "--lr", type=float,
+        help=f"eagle: the schedule's peak learning rate (AdamW; default {eagle_training.LR})",
+    )
+    ht.add_argument(
         "--epochs", type=float,
         help="eagle: passes over the data (default: --minutes of training instead)",
     )
@@ -335,6 +371,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--kinds", default=ALL_KINDS,
         help="eagle: the data's sequences to train on, comma separated: read (the corpus, teacher "
         "forced), answer (the target's own answers); default both",
+    )
+    ht.add_argument(
+        "--replace", action="store_true",
+        help="eagle: install the new layer even where the one installed scores higher on the "
+        "bench's answers (else the new one is saved beside it)",
     )
     ht.add_argument(
         "--curve", action="store_true",
