@@ -515,7 +515,7 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
 
     import specwise.prompts
     from specwise.backends import ik_llama
-    from specwise.bench import workloads
+    from specwise.bench import replay, workloads
     from specwise.cli import heads as heads_cli
     from specwise.cli import main
     from specwise.drafters import eagle
@@ -598,6 +598,20 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert manifest["bench"]["by_kind"]["code_generation"]["alpha"]
     layer = Layer.load(shipped)
     assert layer.layers == layers and len(layer.ids) <= 64 + 2
+    # the layer replayed over the bench answers and their states, priced at measured costs
+    argv = ["bench", "replay", *target, "--sets", "ngram;ngram+eagle", "--max-tokens", "8",
+            "--out", str(tmp_path / "replay")]
+    answers = replay.from_bench(teacher.Data(eagle.bench_path(smollm2_path, layers)), 8)
+    if not answers:  # where ik_llama computes SmolLM2 wrong, it ends every answer at once
+        assert main(argv) == 2
+        assert "ended at once: there is nothing to replay" in capsys.readouterr().err
+        return
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| auto[ngram+eagle] |" in out and "| hindsight[ngram+eagle] |" in out
+    assert "accepted a planned round: expected | got |" in out
+    recorded = (tmp_path / "replay" / "recordings.jsonl").read_text().splitlines()
+    assert len(recorded) == len(answers)
 
 
 def test_a_trained_layer_is_not_among_the_default_drafters(smollm2_path, tmp_path, monkeypatch):

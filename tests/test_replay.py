@@ -11,14 +11,18 @@ from specwise.bench.replay import (
     Recorded,
     Recording,
     _accepted_path,
+    from_bench,
+    frozen,
     hindsight,
+    plans,
     replay,
     speedups,
 )
 from specwise.cli import main
 from specwise.costs import CostModel
 from specwise.drafters.base import Draft, make_drafters
-from toy import ToyLM
+from specwise.sampling import SamplingParams
+from toy import ToyLM, ToyTokenizer
 
 NAMES = ["ngram", "suffix"]
 
@@ -93,6 +97,85 @@ def test_a_replay_gives_the_recorded_answer_and_prices_each_round_as_the_control
         assert got[0].ms < got[0].plain_ms
         bound = hindsight(target, recs, make_drafters(names), _costs())
         assert sum(p.ms for p in bound) <= sum(p.ms for p in got)
+
+
+def _with_states(target: ToyLM, category: str, pid: str, prompt: list[int], n: int) -> Recording:
+    """The target's plain greedy answer to `prompt` with its layer states at every position."""
+    from specwise.oracle import plain_decode
+
+    output = plain_decode(target, prompt, SamplingParams(max_tokens=n))
+    target.forward([(99, prompt + output)])
+    states = target.hiddens(99, 0)
+    target.release(99)
+    return Recording(category, pid, prompt, output, states)
+
+
+def test_the_eagle_layer_replayed_over_recorded_states_decides_and_accepts_as_on_the_target(
+    tmp_path, monkeypatch
+):
+    """Over a recording of the target's answers and layer states, `replay` runs the layer's
+    rounds exactly as the engine does on the target itself (same plans, drafts, acceptances),
+    since the controller's costs are the same frozen ones; and it reports what the plans
+    expected against what they got."""
+    from specwise.controller import Controller
+    from specwise.drafters.eagle import EagleDrafter
+    from specwise.engine import Engine
+    from test_eagle import LAYERS, _toy_layer
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    target = ToyLM(vocab=12, seed=3, hidden=LAYERS)
+    recs = [_with_states(target, "c", f"p{i}", [1, 5, 3, 7, 2, 5, 3, 7, 2, 9, i], 30)
+            for i in range(3)]
+    layer = _toy_layer(target)
+    costs = CostModel(CostCurve({1: 10.0, 2: 10.5, 4: 11.0, 8: 13.0, 16: 17.0}),
+                      {"eagle": 0.1}, 0.0, {"eagle": 0.0})
+    got = replay(target, recs, [EagleDrafter(layer)], costs, layers=LAYERS)
+    engine = Engine(target, [EagleDrafter(layer)], k="auto",
+                    controller=Controller([EagleDrafter(layer)], frozen(costs)))
+    want = []
+    for rec in recs:
+        res = engine.generate(rec.prompt, SamplingParams(max_tokens=len(rec.output)))
+        assert res.tokens == rec.output
+        want.append([(r.drafter, r.proposed, r.accepted) for r in res.rounds[1:]])
+    assert sum(p.drafted for p in got) > 0
+    assert [p.accepted for p in got] == [sum(a for _, _, a in w) for w in want]
+    assert [p.drafted for p in got] == [sum(d is not None for d, _, _ in w) for w in want]
+    assert sum(p.planned for p in got) > 0 and sum(p.expected for p in got) > 0
+    assert all(p.realised <= p.accepted and p.planned <= p.drafted for p in got)
+    lines = plans({"auto[eagle]": got, "hindsight[eagle]": got})
+    assert len(lines) == 3 and lines[2].startswith("| auto[eagle] | ")
+    bound = hindsight(target, recs, [EagleDrafter(layer)], costs, layers=LAYERS)
+    assert sum(p.ms for p in bound) <= sum(p.ms for p in got)
+    assert sum(p.accepted for p in bound) > 0
+
+
+def test_the_bench_answers_become_recordings_with_their_states(tmp_path, monkeypatch):
+    import specwise.prompts
+    from specwise import teacher
+    from specwise.prompts import Prompt
+    from test_eagle import LAYERS, _prompts
+
+    asks = [Prompt(f"{c}-1", c, (p,)) for c, p in zip(["chat", "math"], _prompts(2), strict=True)]
+    monkeypatch.setattr(specwise.prompts, "shipped", lambda: asks)
+    target = ToyLM(vocab=6, seed=2, scale=3.0, hidden=LAYERS)
+    target.tokenizer = ToyTokenizer(list("abcdef"))
+    target.eos_token_ids = frozenset()
+    teacher.bench_answers(target, tmp_path / "bench", max_tokens=8, sequences=2)
+    data = teacher.Data(tmp_path / "bench")
+    recs = from_bench(data, max_tokens=5)
+    assert sorted((r.category, r.id) for r in recs) == [("chat", "chat-1"), ("math", "math-1")]
+    for r in recs:
+        q = [m["name"] for m in data.meta].index(r.id)
+        a = int(data.starts[q])
+        n = len(r.prompt) + len(r.output)
+        assert len(r.output) == 5 and data.tokens[a : a + n].tolist() == r.prompt + r.output
+        assert not data.train[a : a + len(r.prompt) - 1].any() and data.train[a + len(r.prompt) - 1]
+        assert np.array_equal(r.states, data.states(a, a + n))
+        lm = Recorded(target, LAYERS, r.states.shape[1])
+        lm.play(r)
+        lm.hold(0, r.prompt)
+        assert np.array_equal(lm.hiddens(0, 2), r.states[2 : len(r.prompt)].astype(np.float32))
+        assert lm.hiddens(0, len(r.prompt)) is None
 
 
 def test_a_replay_refuses_an_answer_it_cannot_reproduce(monkeypatch):

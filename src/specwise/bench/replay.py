@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,19 +33,52 @@ from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, make_drafters
 from specwise.engine import CHEAP_MAX_K, Engine
 from specwise.sampling import SamplingParams
+from specwise.teacher import Data
 from specwise.verify import tree_greedy_match
 
-__all__ = ["Recorded", "Recording", "frozen", "hindsight", "record", "replay", "table"]
+__all__ = [
+    "Recorded", "Recording", "from_bench", "frozen", "hindsight", "plans", "record", "replay",
+    "table",
+]
 
 
 @dataclass
 class Recording:
-    """One prompt and the target's plain greedy answer to it."""
+    """One prompt and the target's plain greedy answer to it; with `states`, the target's layer
+    states at every position of prompt + output ([n, S]: a state-reading drafter's input, as
+    `teacher.bench_answers` keeps them, `from_bench`)."""
 
     category: str
     id: str
     prompt: list[int]
     output: list[int]
+    states: np.ndarray | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        """The recording without its states (a line of recordings.jsonl)."""
+        return {"category": self.category, "id": self.id, "prompt": self.prompt,
+                "output": self.output}
+
+
+def from_bench(data: Data, max_tokens: int | None = None) -> list[Recording]:
+    """The recordings of the bench answers in `data` (`teacher.bench_answers`: the target's
+    greedy answers to the shipped prompts, its layer states beside them), each answer cut to
+    `max_tokens`: a prompt is the positions up to the first whose next token is trained on
+    (the answer's), its output the rest; an empty answer makes no recording."""
+    out = []
+    for q, meta in enumerate(data.meta):
+        a, n = int(data.starts[q]), int(data.lengths[q])
+        answer = np.flatnonzero(data.train[a : a + n])
+        if len(answer) == 0 or not meta.get("greedy"):
+            continue
+        cut = int(answer[0]) + 1
+        end = n if max_tokens is None else min(n, cut + max_tokens)
+        if end <= cut:  # an answer that ended at once: nothing to replay
+            continue
+        tokens = [int(t) for t in data.tokens[a : a + end]]
+        out.append(Recording(meta.get("category", "answer"), str(meta.get("name", q)),
+                             tokens[:cut], tokens[cut:], data.states(a, a + end)))
+    return out
 
 
 def record(
@@ -72,8 +105,9 @@ class Recorded:
     vocabulary, tokenizer, whether it takes trees, how a call runs as passes — is `target`'s,
     so drafters and the controller see the target they would."""
 
-    def __init__(self, target: LM) -> None:
+    def __init__(self, target: LM, hidden_layers: Sequence[int] = (), hidden_size: int = 0) -> None:
         self.target = target
+        self.hidden_layers = tuple(hidden_layers)
         self.vocab_size = target.vocab_size
         self.context_length = target.context_length
         self.eos_token_ids = target.eos_token_ids
@@ -81,14 +115,16 @@ class Recorded:
         self.info = target.info
         self.exact = target.exact
         self.trees = target.trees
-        self.hidden_size = 0
+        self.hidden_size = hidden_size
         self._truth: list[int] = []
+        self._states: np.ndarray | None = None
         self._end = min(target.eos_token_ids, default=0)
         self._cache: dict[int, list[int]] = {}
         self._fed: dict[int, int] = {}  # tokens each sequence's latest call fed
 
     def play(self, rec: Recording) -> None:
         self._truth = rec.prompt + rec.output
+        self._states = rec.states
 
     def _next(self, position: int) -> int:
         i = position + 1
@@ -127,8 +163,17 @@ class Recorded:
     def hidden(self, seq: int) -> None:
         return None
 
-    def hiddens(self, seq: int, start: int) -> None:
-        return None
+    def hiddens(self, seq: int, start: int) -> np.ndarray | None:
+        """The recording's layer states at seq's cached positions from `start` (all kept);
+        None for a recording without states."""
+        n = self.length(seq)
+        if self._states is None or start >= n:
+            return None
+        return np.asarray(self._states[start:n], dtype=np.float32)
+
+    def hold(self, seq: int, tokens: Sequence[int]) -> None:
+        """Make seq's cache `tokens`, as if the target had been fed them (`hindsight`)."""
+        self._cache[seq] = list(tokens)
 
     def length(self, seq: int) -> int:
         return len(self._cache.get(seq, ()))
@@ -167,8 +212,9 @@ def frozen(costs: CostModel) -> CostModel:
 
 @dataclass
 class Priced:
-    """One answer replayed: its priced decode time, plain decoding's for the same tokens, and
-    the rounds that drafted."""
+    """One answer replayed: its priced decode time, plain decoding's for the same tokens, the
+    rounds that drafted, and of those the controller planned (not probes) the accepted tokens
+    it expected (E(m) - 1 of each plan) and got."""
 
     category: str
     ms: float
@@ -177,6 +223,9 @@ class Priced:
     drafted: int
     proposed: int
     accepted: int
+    planned: int = 0
+    expected: float = 0.0
+    realised: int = 0
 
 
 def _plain_ms(pricing: Pricing, rec: Recording) -> float:
@@ -190,11 +239,13 @@ def replay(
     drafters: Sequence[Drafter],
     costs: CostModel,
     progress: Callable[[int], None] | None = None,
+    layers: Sequence[int] = (),
 ) -> list[Priced]:
     """`k="auto"` over `drafters` (fresh ones: they learn from each answer in turn, as in a
-    server) on the recordings, in order, priced at `costs`. ValueError if an answer comes out
+    server) on the recordings, in order, priced at `costs`; `layers`: the target layers the
+    recordings' states hold (for a drafter that reads them). ValueError if an answer comes out
     other than recorded (a drafter or rule that is not exact)."""
-    lm = Recorded(target)
+    lm = _stand_in(target, recordings, layers)
     controller = Controller(drafters, frozen(costs))
     engine = Engine(lm, list(drafters), k="auto", controller=controller)  # type: ignore[arg-type]
     pricing = controller.pricing
@@ -207,6 +258,7 @@ def replay(
         rounds = res.rounds[1:]
         ms = sum(pricing.round_ms(r.drafter, r.proposed, Batch()) for r in rounds)
         drafted = [r for r in rounds if r.drafter is not None]
+        planned = [r for r in drafted if not (r.decision or "").startswith("probing")]
         out.append(
             Priced(
                 rec.category,
@@ -216,6 +268,10 @@ def replay(
                 len(drafted),
                 sum(r.proposed for r in drafted),
                 sum(r.accepted for r in drafted),
+                len(planned),
+                sum((r.expected_goodput or 0.0)
+                    * pricing.round_ms(r.drafter, r.proposed, Batch()) - 1.0 for r in planned),
+                sum(r.accepted for r in planned),
             )
         )
         if progress:
@@ -240,6 +296,7 @@ def hindsight(
     drafters: Sequence[Drafter],
     costs: CostModel,
     progress: Callable[[int], None] | None = None,
+    layers: Sequence[int] = (),
 ) -> list[Priced]:
     """Each round, every drafter offers as the engine asks it to (up to CHEAP_MAX_K tokens),
     and hindsight drafts the prefix of an offer's accepted tokens whose round has the best
@@ -248,12 +305,14 @@ def hindsight(
     drafters, the recordings in order, as `replay`."""
     pricing = Pricing(frozen(costs))
     pricing.bind(target)
+    lm = _stand_in(target, recordings, layers)
     for d in drafters:
-        d.bind(target)
+        d.bind(lm)  # type: ignore[arg-type]
     greedy = SamplingParams()
     plain = pricing.round_ms(None, 0, Batch())
     out = []
     for seq, rec in enumerate(recordings):
+        lm.play(rec)
         for d in drafters:
             d.begin(seq, rec.prompt)
         context = list(rec.prompt) + rec.output[:1]
@@ -263,6 +322,7 @@ def hindsight(
             room = len(rec.output) - done - 1
             truth = rec.output[done:]
             best = (1.0 / plain, None, 0, plain)
+            lm.hold(seq, context[:-1])  # the target holds every committed token but the last
             for d in drafters if room > 0 else ():
                 draft = d.propose(seq, context, min(room, CHEAP_MAX_K), greedy, None)  # type: ignore[arg-type]
                 for m in range(1, _accepted_path(draft, truth) + 1):
@@ -277,12 +337,19 @@ def hindsight(
             context += truth[: m + 1]
         for d in drafters:
             d.end(seq)
+        lm.release(seq)
         out.append(
             Priced(rec.category, ms, _plain_ms(pricing, rec), rounds, drafted, proposed, proposed)
         )
         if progress:
             progress(1)
     return out
+
+
+def _stand_in(target: LM, recordings: Sequence[Recording], layers: Sequence[int]) -> Recorded:
+    """The recorded target for `recordings`, with the layer states they hold."""
+    width = next((r.states.shape[1] for r in recordings if r.states is not None), 0)
+    return Recorded(target, layers if width else (), width)
 
 
 def speedups(priced: Sequence[Priced]) -> dict[str, float]:
@@ -310,24 +377,44 @@ def table(results: dict[str, list[Priced]]) -> list[str]:
     return lines
 
 
+def plans(results: dict[str, list[Priced]]) -> list[str]:
+    """Markdown: for each `auto` configuration, its drafted rounds, how many the controller
+    planned (the rest probed), and the accepted tokens a planned round expected and got."""
+    lines = ["| configuration | drafted rounds | planned | accepted a planned round: expected "
+             "| got |", "|---|---|---|---|---|"]
+    for name, ps in results.items():
+        if not name.startswith("auto"):
+            continue
+        n = sum(p.planned for p in ps)
+        exp = sum(p.expected for p in ps) / n if n else 0.0
+        got = sum(p.realised for p in ps) / n if n else 0.0
+        lines.append(f"| {name} | {sum(p.drafted for p in ps)} | {n} | {exp:.2f} | {got:.2f} |")
+    return lines
+
+
 def run(
     target: LM,
-    prompts: Sequence[tuple[str, str, list[int]]],
+    recordings: Sequence[Recording] | Sequence[tuple[str, str, list[int]]],
     sets: Sequence[Sequence[str]],
     options: dict[str, dict],
     costs: CostModel,
     max_tokens: int,
     out: Path,
     progress: Callable[[str, int], Callable[[int], None]],
+    layers: Sequence[int] = (),
 ) -> list[str]:
-    """Record the prompts' answers, replay each drafter set and its hindsight bound, write
+    """Replay each drafter set and its hindsight bound over `recordings` (or over the target's
+    answers to prompts, (category, id, prompt ids) each, recorded first), write
     recordings.jsonl, replay.json and replay.md to `out`; returns replay.md's lines: the cost
-    curve priced at, and the table."""
+    curve priced at, the table, and how the plans came true."""
     out.mkdir(parents=True, exist_ok=True)
-    recs = record(target, prompts, max_tokens, progress("recording plain answers", len(prompts)))
+    recs = [r for r in recordings if isinstance(r, Recording)]
+    if len(recs) < len(recordings):
+        prompts = [r for r in recordings if not isinstance(r, Recording)]
+        recs = record(target, prompts, max_tokens, progress("recording plain answers", len(prompts)))
     with open(out / "recordings.jsonl", "w") as f:
         for r in recs:
-            f.write(json.dumps(asdict(r)) + "\n")
+            f.write(json.dumps(r.to_dict()) + "\n")
     results: dict[str, list[Priced]] = {}
     for names in sets:
         label = "+".join(names)
@@ -337,6 +424,7 @@ def run(
             make_drafters(names, None, options),
             costs,
             progress(f"replaying auto[{label}]", len(recs)),
+            layers,
         )
         results[f"hindsight[{label}]"] = hindsight(
             target,
@@ -344,9 +432,11 @@ def run(
             make_drafters(names, None, options),
             costs,
             progress(f"hindsight[{label}]", len(recs)),
+            layers,
         )
     curve = ", ".join(f"{n}: {costs.target(n):.1f}" for n in (1, 2, 4, 8, 16))
-    lines = [f"priced at ms per target call by tokens in it ({curve})", *table(results)]
+    lines = [f"priced at ms per target call by tokens in it ({curve})", *table(results), "",
+             *plans(results)]
     (out / "replay.json").write_text(
         json.dumps({n: [asdict(p) for p in ps] for n, ps in results.items()}, indent=1)
     )

@@ -1,7 +1,10 @@
 """`specwise bench replay`: its flags, the drafter sets replayed over recorded greedy answers
 (`bench.replay`) with a progress bar a stage, and the table printed.
 
-Drafters that copy text only; it times nothing (rounds are priced at this machine's costs).
+Drafters that copy text, and the eagle layer over the bench answers `heads data` keeps with
+the target's layer states (every set then replays over those answers, so the sets compare on
+the same ones, priced as the target costs where it keeps the states the layer reads); it times
+nothing (rounds are priced at this machine's costs).
 """
 
 from __future__ import annotations
@@ -35,23 +38,31 @@ def _bench_replay(a: argparse.Namespace) -> int:
     def refuse(n: str) -> UsageError:
         return UsageError(
             f"--sets names {n}, which drafts with a model; replay runs the drafters that "
-            f"copy text (ngram, suffix, suffix-chain): measure {n} with `specwise bench`"
+            f"copy text (ngram, suffix, suffix-chain) and the eagle layer: measure {n} with "
+            "`specwise bench`"
         )
 
-    for n in names:
-        if n in DRAFT_MODEL or n in READS_STATES:  # before their options: they need models
+    for n in names:  # before their options: they need models
+        if n in DRAFT_MODEL or (n in READS_STATES and n != "eagle"):
             raise refuse(n)
+    if a.max_tokens < 2:
+        raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
+    prompts = interleaved(_bench_prompts(a))  # the categories mixed, as a server sees them
     options = _drafter_options(a, names)
     drafters = [make_drafter(n, **options[n]) for n in names]
     for d in drafters:
         if not d.cheap:
             raise refuse(d.name)
-    if a.max_tokens < 2:
-        raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
-    prompts = interleaved(_bench_prompts(a))  # the categories mixed, as a server sees them
-    target, _ = _load_models(a, need_draft=False)
+    layers: tuple[int, ...] = ()
+    if "eagle" in names:
+        layers = options["eagle"]["layer"].layers
+        recordings = _bench_answers(a, prompts, layers)
+    # with the eagle layer, priced as a run that drafts with it loads the target: keeping the
+    # states it reads (every set, and plain decoding, at those costs)
+    target, _ = _load_models(a, need_draft=False, hidden=layers or False)
     costs = calibrated(target, drafters)
-    ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
+    if not layers:
+        recordings = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
     out = Path(a.out) if a.out else default_out("-replay")
     bars: list = []
 
@@ -62,14 +73,53 @@ def _bench_replay(a: argparse.Namespace) -> int:
         return bars[-1].update
 
     try:
-        lines = replay.run(target, ids, sets, options, costs, a.max_tokens, out, progress)
+        lines = replay.run(
+            target, recordings, sets, options, costs, a.max_tokens, out, progress, layers
+        )
     finally:
         for bar in bars:
             bar.close()
-    print(f"speedup over plain decoding, priced at this machine's costs ({target.info.backend}):")
+    kept = ", the target keeping the layer states the eagle layer reads" if layers else ""
+    print(f"speedup over plain decoding, priced at this machine's costs ({target.info.backend}"
+          f"{kept}):")
     print("\n".join(lines))
     print(f"written to {out}", file=sys.stderr)
     return 0
+
+
+def _bench_answers(a: argparse.Namespace, prompts: list, layers: tuple[int, ...]) -> list:
+    """The recordings a set with the eagle layer replays over: the target's greedy answers to
+    `prompts` with its layer states (`specwise heads data` makes them first), in their order,
+    each cut to --max-tokens (an answer that ended at once is left out); UsageError naming
+    what is missing."""
+    from specwise import teacher
+    from specwise.backends import resolve_model
+    from specwise.bench import replay
+    from specwise.drafters.eagle import bench_path
+
+    model = resolve_model(a.target)
+    folder = bench_path(model, layers)
+    if not teacher.bench_complete(folder):
+        raise UsageError(
+            f"the eagle layer replays over the target's answers to the bench's prompts with its "
+            f"layer states, which {model.name} has none of here yet: `specwise heads data "
+            f"--target {a.target}` makes them first"
+        )
+    data = teacher.Data(folder)
+    answered = {m.get("name") for m in data.meta}
+    missing = [p.id for p in prompts if p.id not in answered]
+    if missing:
+        raise UsageError(
+            f"no bench answer with layer states for the prompt(s) {', '.join(missing[:3])}: the "
+            "eagle layer replays over the shipped prompts' (drop --prompts)"
+        )
+    by_id = {r.id: r for r in replay.from_bench(data, a.max_tokens)}
+    recordings = [by_id[p.id] for p in prompts if p.id in by_id]  # (an empty answer has none)
+    if not recordings:
+        raise UsageError(
+            f"{model.name}'s answers to these prompts ended at once: there is nothing to replay"
+        )
+    return recordings
 
 
 def add_parser(bsub: argparse._SubParsersAction) -> None:
@@ -84,8 +134,9 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
         "--sets",
         default="ngram;ngram+suffix",
         help="drafter sets to replay, each as auto over it: sets separated by ';', names in a "
-        "set by '+' (drafters that copy text: ngram, suffix, suffix-chain; default "
-        "'ngram;ngram+suffix')",
+        "set by '+' (drafters that copy text: ngram, suffix, suffix-chain; and eagle, whose "
+        "sets replay over the bench answers `heads data` kept with their layer states; "
+        "default 'ngram;ngram+suffix')",
     )
     bv.add_argument("--categories", type=_csv(str, "names"), help="categories to run")
     bv.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
