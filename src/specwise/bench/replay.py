@@ -256,22 +256,22 @@ def replay(
         if res.tokens != rec.output:
             raise ValueError(f"{rec.id}: the replayed answer differs from the recorded one")
         rounds = res.rounds[1:]
-        ms = sum(pricing.round_ms(r.drafter, r.proposed, Batch()) for r in rounds)
+        priced = [pricing.round_ms(r.drafter, r.proposed, Batch()) for r in rounds]
         drafted = [r for r in rounds if r.drafter is not None]
-        planned = [r for r in drafted if not (r.decision or "").startswith("probing")]
+        planned = [(r, c) for r, c in zip(rounds, priced, strict=True)
+                   if r.drafter is not None and not (r.decision or "").startswith("probing")]
         out.append(
             Priced(
                 rec.category,
-                ms,
+                sum(priced),
                 _plain_ms(pricing, rec),
                 len(rounds),
                 len(drafted),
                 sum(r.proposed for r in drafted),
                 sum(r.accepted for r in drafted),
                 len(planned),
-                sum((r.expected_goodput or 0.0)
-                    * pricing.round_ms(r.drafter, r.proposed, Batch()) - 1.0 for r in planned),
-                sum(r.accepted for r in planned),
+                sum((r.expected_goodput or 0.0) * c - 1.0 for r, c in planned),
+                sum(r.accepted for r, _ in planned),
             )
         )
         if progress:
@@ -394,24 +394,19 @@ def plans(results: dict[str, list[Priced]]) -> list[str]:
 
 def run(
     target: LM,
-    recordings: Sequence[Recording] | Sequence[tuple[str, str, list[int]]],
+    recs: Sequence[Recording],
     sets: Sequence[Sequence[str]],
     options: dict[str, dict],
     costs: CostModel,
-    max_tokens: int,
     out: Path,
     progress: Callable[[str, int], Callable[[int], None]],
     layers: Sequence[int] = (),
 ) -> list[str]:
-    """Replay each drafter set and its hindsight bound over `recordings` (or over the target's
-    answers to prompts, (category, id, prompt ids) each, recorded first), write
-    recordings.jsonl, replay.json and replay.md to `out`; returns replay.md's lines: the cost
-    curve priced at, the table, and how the plans came true."""
+    """Replay each drafter set and its hindsight bound over the recordings `recs` (`record`,
+    or `from_bench` with the layer states `layers` hold), write recordings.jsonl, replay.json
+    and replay.md to `out`; returns replay.md's lines: the cost curve priced at, the table, and
+    how the plans came true."""
     out.mkdir(parents=True, exist_ok=True)
-    recs = [r for r in recordings if isinstance(r, Recording)]
-    if len(recs) < len(recordings):
-        prompts = [r for r in recordings if not isinstance(r, Recording)]
-        recs = record(target, prompts, max_tokens, progress("recording plain answers", len(prompts)))
     with open(out / "recordings.jsonl", "w") as f:
         for r in recs:
             f.write(json.dumps(r.to_dict()) + "\n")

@@ -61,8 +61,6 @@ def _bench_replay(a: argparse.Namespace) -> int:
     # states it reads (every set, and plain decoding, at those costs)
     target, _ = _load_models(a, need_draft=False, hidden=layers or False)
     costs = calibrated(target, drafters)
-    if not layers:
-        recordings = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
     out = Path(a.out) if a.out else default_out("-replay")
     bars: list = []
 
@@ -73,9 +71,12 @@ def _bench_replay(a: argparse.Namespace) -> int:
         return bars[-1].update
 
     try:
-        lines = replay.run(
-            target, recordings, sets, options, costs, a.max_tokens, out, progress, layers
-        )
+        if not layers:
+            ids = [(p.category, p.id, render(target.tokenizer, p.turns[:1])) for p in prompts]
+            recordings = replay.record(
+                target, ids, a.max_tokens, progress("recording plain answers", len(ids))
+            )
+        lines = replay.run(target, recordings, sets, options, costs, out, progress, layers)
     finally:
         for bar in bars:
             bar.close()

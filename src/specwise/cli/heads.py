@@ -326,9 +326,9 @@ def cmd_heads(a: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`heads` and its subcommands."""
     from specwise import eagle_training
 
-    """`heads` and its subcommands."""
     h = sub.add_parser("heads", help="drafting heads on the target's hidden states")
     hsub = h.add_subparsers(dest="heads_command", required=True)
     ht = hsub.add_parser(
