@@ -12,8 +12,9 @@ import pytest
 
 from specwise import Engine, SamplingParams, distill
 from specwise.adapt import Adapter, Answers, Replay
-from specwise.drafters.eagle import EagleDrafter, Layer
+from specwise.drafters.eagle import COPY_N, EagleDrafter, Layer
 from specwise.drafters.heads import Heads, HeadsDrafter
+from specwise.drafters.ngram import continuations
 from specwise.eagle_training import FINAL_LR
 from specwise.oracle import plain_decode
 from toy import ToyLM
@@ -173,13 +174,14 @@ def test_answers_keep_the_newest_positions_whole():
 
 
 def test_a_finished_request_becomes_one_answer_for_the_layer():
-    """Every position from the prompt's last on, with its state, the token that followed it
-    and the one after that as the label."""
-    _target, _layer, adapter, engine = _setup_layer()
+    """Every position from the prompt's last on, with its state, the token that followed it,
+    that token's copy over the whole context and the token after it as the label."""
+    _target, layer, adapter, engine = _setup_layer()
     prompt = [0, 3, 1, 4]
     res = engine.generate(prompt, SamplingParams(max_tokens=12))
     ctx = prompt + res.tokens
-    ((hidden, tokens, labels),) = adapter._tenants[None].replay.items
+    ((hidden, tokens, copied, sizes, labels),) = adapter._tenants[None].replay.items
+    ids, n = continuations(ctx, COPY_N)
     first = len(ctx) - 1 - len(labels)  # to the last position but one: the last has no state
     assert first <= len(prompt) - 1  # what the target kept: the toy keeps the prompt's states
     for i, h in enumerate(hidden):
@@ -187,6 +189,7 @@ def test_a_finished_request_becomes_one_answer_for_the_layer():
         if p:  # the toy's state names the last two tokens, so its position
             assert divmod(int(np.argmax(h[:36])), 6) == (ctx[p - 1], ctx[p])  # its first layer
         assert tokens[i] == ctx[p + 1]
+        assert (copied[i], sizes[i]) == (layer.index([ids[p + 1]])[0], n[p + 1])
         assert labels[i] == (ctx[p + 2] if p + 2 < len(ctx) else -1)
     assert adapter.examples == len(labels) - 1 and adapter._states == {}
 

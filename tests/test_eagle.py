@@ -15,7 +15,8 @@ import pytest
 from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
-from specwise.drafters.eagle_layer import projected
+from specwise.drafters.eagle_layer import COPY_N, projected
+from specwise.drafters.ngram import continuations
 from specwise.oracle import plain_decode
 from test_heads import SAMPLED, assert_emits_the_target_distribution
 from toy import ToyLM, ToyTokenizer, tiny_llama
@@ -105,35 +106,50 @@ def test_eagle_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
 
 
 def test_drafting_computes_what_the_training_time_test_computes():
-    """Committed positions read in pieces, then a chain expanded on the data's own tokens:
-    the logits of every depth are those of `unroll` over the whole sequence (float), and the
-    int8 copy's within int8's error."""
+    """Committed positions read in pieces, then a chain expanded on the data's own tokens,
+    each with its copy: the logits of every depth are those of `unroll` over the whole
+    sequence (float), and the int8 copy's within int8's error. The copy's gate is set at
+    random (it starts at zero), so a copy read at the wrong position changes the logits."""
     import torch
 
     target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
     layer = _toy_layer(target, width=24, depth=4)
+    with torch.no_grad():
+        layer.module.gate.weight.normal_(0.0, 1.0)
+        layer.module.gate.bias.normal_(0.0, 1.0)
+    layer.publish()
     rng = np.random.default_rng(0)
     s = rng.standard_normal((12, layer.state_size)).astype(np.float32)
     t = rng.integers(0, 8, size=15)
+    ids, sizes = continuations(t.tolist(), COPY_N)
+    assert (sizes > 0).sum() > 8  # the copies are read, and most positions have one
+    c, n = (torch.from_numpy(x) for x in (layer.index(ids), sizes.astype(np.int64)))
     with torch.inference_mode():
         whole = layer.module.unroll(
-            torch.from_numpy(s)[None], torch.from_numpy(layer.index(t))[None], 4
+            torch.from_numpy(s)[None], torch.from_numpy(layer.index(t))[None], c[None], n[None], 4
         )
+        no_copy = layer.module.unroll(
+            torch.from_numpy(s)[None], torch.from_numpy(layer.index(t))[None],
+            torch.full_like(c, len(layer.ids))[None], torch.zeros_like(n)[None], 4,
+        )
+        assert not np.allclose(whole[0].numpy(), no_copy[0].numpy(), atol=1e-3)
         for net, tol in ((layer.module, 1e-4), (layer._fast, None)):
             i, at = 7, 0
             cache = Cache(net, torch.zeros(0, 8, 3), torch.zeros(0, 8, 3))
-            for n in (1, 3, 4):
+            for m in (1, 3, 4):
                 a, st, lg = net.read(
-                    torch.from_numpy(s[at : at + n]), torch.from_numpy(layer.index(t[at : at + n])),
-                    cache,
+                    torch.from_numpy(s[at : at + m]), torch.from_numpy(layer.index(t[at : at + m])),
+                    c[at : at + m], n[at : at + m], cache,
                 )
-                at += n
+                at += m
             assert at == i + 1 and cache.n == 8
             got = [lg]
             f, st, ck, cv = a[None], st[None], torch.zeros(1, 0, 8, 3), torch.zeros(1, 0, 8, 3)
             for j in range(1, 4):
                 x = torch.from_numpy(layer.index([t[i + j]]))
-                f, st, lgj, ck, cv = net.expand(f, st, x, cache, ck, cv)
+                f, st, lgj, ck, cv = net.expand(
+                    f, st, x, c[i + j : i + j + 1], n[i + j : i + j + 1], cache, ck, cv
+                )
                 got.append(lgj[0])
             for j in range(4):
                 want = whole[j][0, i].numpy()
@@ -698,7 +714,7 @@ def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):
     layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=3)
     where = np.arange(6)
     a, e = int(data.starts[0]), int(data.starts[0] + 10)
-    _, _, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
+    *_, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
     states = data.states(a, a + 13).astype(np.float32)
     for j in range(3):
         np.testing.assert_array_equal(tops[j, 0].numpy(), states[1 + j : 11 + j, -36:])
@@ -744,3 +760,48 @@ def test_ctrl_c_asks_data_making_to_stop_and_a_second_one_stops_it_at_once():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_batch_reads_each_tokens_copy_within_its_sequence(tmp_path):
+    """The copies a batch reads are `continuations` over the window's own sequence (not the
+    data's concatenation), aligned with the tokens read."""
+    _target, data = _toy_data(tmp_path / "data", 4)
+    layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=3)
+    q = 2
+    first, n = int(data.starts[q]), int(data.lengths[q])
+    seq = data.tokens[first : first + n]
+    ids, sizes = continuations(seq.tolist(), COPY_N)
+    a, e = first + 3, first + 13
+    _, t, c, m, *_ = eagle_training._batch(layer, data, [(a, e)], np.arange(6), 3)
+    np.testing.assert_array_equal(t[0].numpy(), layer.index(seq[4:16]))
+    np.testing.assert_array_equal(c[0].numpy(), layer.index(ids[4:16]))
+    np.testing.assert_array_equal(m[0].numpy(), sizes[4:16])
+    assert (sizes[4:16] > 0).any() and sizes[0] == 0
+
+
+def test_the_drafter_reads_each_tokens_copy_as_training_does():
+    """The drafter's chain (float weights, beam 1) is, depth by depth, the argmax of the
+    training-time test over the context followed by the chain itself, each token with its
+    copy: the committed tokens' from the request's index, the draft tokens' along their path."""
+    import torch
+
+    target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
+    target.trees = False
+    layer = _toy_layer(target, width=24, depth=4)
+    layer._fast = layer.module  # draft in float: argmaxes compare exactly
+    drafter = EagleDrafter(layer)
+    drafter.bind(target)
+    context = [1, 5, 3, 7, 2, 5, 3, 7, 2, 5, 3, 6, 1, 5]
+    target.forward([(0, context[:-1])])
+    draft = drafter.propose(0, context, 4, SamplingParams(), None)
+    chain = draft.tokens
+    assert len(chain) >= 2
+    s = torch.from_numpy(target.hiddens(0, 0).astype(np.float32))
+    full = context + chain[:-1]
+    ids, sizes = continuations(full, COPY_N)
+    t, c = (torch.from_numpy(layer.index(x[1:])) for x in (np.array(full), ids))
+    n = torch.from_numpy(sizes[1:].astype(np.int64))
+    with torch.inference_mode():
+        logits = layer.module.unroll(s[None], t[None], c[None], n[None], layer.depth)
+    i = len(context) - 2
+    assert [int(layer.ids[logits[j][0, i].argmax()]) for j in range(len(chain))] == chain

@@ -61,8 +61,9 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.distill import HEADS_LR
-from specwise.drafters.eagle import Layer
+from specwise.drafters.eagle import COPY_N, Layer
 from specwise.drafters.heads import Heads, vocab_index
+from specwise.drafters.ngram import continuations
 from specwise.eagle_training import FINAL_LR
 from specwise.request import Request
 
@@ -101,23 +102,23 @@ class Replay:
 class Answers:
     """Answers(capacity): the layer's examples, whole answers, the newest holding at most
     `capacity` positions in all: states [n, d] (float16), the token index that followed each
-    [n] and the label after it [n] (-1: none)."""
+    [n], that token's copy (index and match length, [n] each) and the label after it [n] (-1:
+    none)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.items: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = (
-            collections.deque()
-        )
+        self.items: collections.deque[tuple[np.ndarray, ...]] = collections.deque()
         self.size = 0  # positions held
         self.added = 0  # positions ever added
 
-    def add(self, hidden: np.ndarray, tokens: np.ndarray, labels: np.ndarray) -> None:
+    def add(self, *arrays: np.ndarray) -> None:
+        """One answer: its arrays (states, tokens, copies, match lengths, labels), all [n, ...]."""
         keep = slice(-self.capacity, None)  # an answer longer than the buffer: its end
-        self.items.append((hidden[keep], tokens[keep], labels[keep]))
-        self.size += len(self.items[-1][2])
-        self.added += len(labels)
+        self.items.append(tuple(x[keep] for x in arrays))
+        self.size += len(self.items[-1][-1])
+        self.added += len(arrays[-1])
         while self.size > self.capacity:
-            self.size -= len(self.items.popleft()[2])
+            self.size -= len(self.items.popleft()[-1])
 
     def sample(self, n: int, rng: np.random.Generator) -> list[tuple]:
         """Answers drawn uniformly with replacement until they hold n positions (at least one
@@ -126,7 +127,7 @@ class Answers:
         held = 0
         while held < n or not got:
             got.append(self.items[int(rng.integers(0, len(self.items)))])
-            held += len(got[-1][2])
+            held += len(got[-1][-1])
         return got
 
 
@@ -213,8 +214,8 @@ class _LayerWork(_Work):
         return Answers(capacity)
 
     def example(self, states: dict[int, np.ndarray], ctx: np.ndarray) -> tuple | None:
-        """(states [n, d], token indices [n], labels [n]) of a finished request's answer, or
-        None."""
+        """(states [n, d], token indices [n], their copies' indices and match lengths [n] each,
+        labels [n]) of a finished request's answer, or None."""
         pos = self.answer(states, ctx)
         if len(pos) == 0:
             return None
@@ -224,26 +225,31 @@ class _LayerWork(_Work):
         if not (labels >= 0).any():
             return None
         hidden = np.stack([states[int(p)] for p in pos])
-        return hidden, self.net.index(ctx[pos + 1]), labels
+        ids, sizes = continuations(ctx[: int(pos[-1]) + 2].tolist(), COPY_N)
+        return hidden, self.net.index(ctx[pos + 1]), self.net.index(ids[pos + 1]), sizes[pos + 1], labels
 
     def draw(self, answers: Answers, batch: int, rng: np.random.Generator):
         """(answers drawn from `answers` until they hold `batch` positions; the positions)."""
         drawn = answers.sample(batch, rng)
-        return drawn, sum(len(a[2]) for a in drawn)
+        return drawn, sum(len(a[-1]) for a in drawn)
 
     def loss(self, net: Layer, drawn):
         import torch
 
-        width = max(len(a[2]) for a in drawn)
+        width = max(len(a[-1]) for a in drawn)
         h = torch.zeros(len(drawn), width, net.state_size)
         t = torch.full((len(drawn), width), len(net.ids), dtype=torch.long)
+        c = torch.full_like(t, len(net.ids))
+        size = torch.zeros_like(t)
         y = torch.full((len(drawn), width), -1, dtype=torch.long)
-        for b, (hidden, tokens, labels) in enumerate(drawn):
+        for b, (hidden, tokens, copied, sizes, labels) in enumerate(drawn):
             n = len(labels)
             h[b, :n] = torch.from_numpy(hidden.astype(np.float32))
             t[b, :n] = torch.from_numpy(tokens)
+            c[b, :n] = torch.from_numpy(copied)
+            size[b, :n] = torch.from_numpy(sizes.astype(np.int64))
             y[b, :n] = torch.from_numpy(labels.astype(np.int64))
-        logits = net.module(h, t)
+        logits = net.module(h, t, c, size)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1)
 
 

@@ -4,7 +4,8 @@
 - **Vocabulary** (`choose_vocab`): the `size` ids the target put first most often at the
   training positions, plus its end-of-text ids; the layer can name only these.
 - **Batches**: windows of up to `WINDOW` positions of training sequences (not held out), a
-  few a step. Position i of a window reads its states and the token after it; at draft depth
+  few a step. Position i of a window reads its states, the token after it and that token's
+  copy (`copies`: `ngram.continuations` within its sequence, prompt included); at draft depth
   j (1..depth) it learns the target's distribution at position i + j, its top `teacher.K`
   ids renormalised over the reduced vocabulary (where none of them is in it, or the label is
   not trained on, the position teaches nothing at that depth).
@@ -48,11 +49,14 @@ from pathlib import Path
 import numpy as np
 
 from specwise.drafters.eagle import Layer
+from specwise.drafters.eagle_layer import COPY_N, FORMAT
 from specwise.drafters.heads import vocab_index
+from specwise.drafters.ngram import continuations
 from specwise.teacher import Data
 
 __all__ = [
-    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "evaluate", "outscores", "train",
+    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "copies", "evaluate", "outscores",
+    "train",
 ]
 
 WINDOW = 512  # most positions of one training window
@@ -93,8 +97,22 @@ def _windows(data: Data, sequences: np.ndarray, rng: np.random.Generator | None)
     return out
 
 
+def copies(data: Data) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's copy (`ngram.continuations` over its sequence up to it, the layer's
+    `COPY_N`): target ids [n] (-1: none) and match lengths [n]; computed once a `Data`."""
+    got = getattr(data, "_copies", None)
+    if got is None:
+        ids = np.full(len(data), -1, dtype=np.int64)
+        sizes = np.zeros(len(data), dtype=np.int64)
+        for a, n in zip(data.starts.tolist(), data.lengths.tolist(), strict=True):
+            ids[a : a + n], sizes[a : a + n] = continuations(data.tokens[a : a + n].tolist(), COPY_N)
+        got = data._copies = (ids, sizes)
+    return got
+
+
 def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
-    """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1], per depth j
+    """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1] and their
+    copies' indices and match lengths (as the tokens), per depth j
     the label columns [B, L, K] (indices into the reduced vocabulary, 0 where none) with
     their weights [B, L, K] (renormalised probabilities; all 0: no label), and the target's
     top state at each position's depth-j successor [depth, B, L, d] (zero past the
@@ -106,6 +124,9 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
     d = layer.hidden_size
     s = torch.zeros(len(windows), width, layer.state_size)
     t = torch.full((len(windows), width + depth - 1), n_ids, dtype=torch.long)
+    c = torch.full_like(t, n_ids)
+    n = torch.zeros_like(t)
+    copy_ids, copy_sizes = copies(data)
     cols = torch.zeros(depth, len(windows), width, data.label_ids.shape[1], dtype=torch.long)
     wts = torch.zeros(depth, len(windows), width, data.label_ids.shape[1])
     tops = torch.zeros(depth, len(windows), width, d)
@@ -117,8 +138,10 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
         for j in range(depth):  # the state that predicts the depth-j label, at i + 1 + j
             nxt = ahead[1 + j : m + 1 + j, -d:]
             tops[j, b, : len(nxt)] = nxt
-        nxt = data.tokens[a + 1 : min(seq_end, e + depth - 1 + 1)]
-        t[b, : len(nxt)] = torch.from_numpy(layer.index(nxt))
+        lo, hi = a + 1, min(seq_end, e + depth)
+        t[b, : hi - lo] = torch.from_numpy(layer.index(data.tokens[lo:hi]))
+        c[b, : hi - lo] = torch.from_numpy(layer.index(copy_ids[lo:hi]))
+        n[b, : hi - lo] = torch.from_numpy(copy_sizes[lo:hi])
         for j in range(depth):
             lo, hi = a + 1 + j, min(seq_end, e + 1 + j)
             if hi <= lo:
@@ -130,7 +153,7 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
             p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
             cols[j, b, : hi - lo] = torch.from_numpy(red.clip(min=0))
             wts[j, b, : hi - lo] = torch.from_numpy(p)
-    return s, t, cols, wts, tops
+    return s, t, c, n, cols, wts, tops
 
 
 def _sequence_end(data: Data, position: int) -> int:
@@ -227,7 +250,7 @@ def train(
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     key = {"ids": [int(i) for i in layer.ids], "width": layer.width, "depth": depth,
            "layers": list(layer.layers), "positions": positions, "start": layer.start,
-           "train_positions": total, "lr": lr}
+           "train_positions": total, "lr": lr, "format": FORMAT}
     step, seen, spent = 0, 0, 0.0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
@@ -271,14 +294,14 @@ def train(
             if len(windows) < batch:
                 windows.extend(_windows(data, rng.permutation(fit), rng))
             chosen, windows = windows[:batch], windows[batch:]
-            s, t, cols, wts, tops = _batch(layer, data, chosen, where, depth)
+            s, t, c, n, cols, wts, tops = _batch(layer, data, chosen, where, depth)
             half = bf16 if bf16 is not None else len(timed[False]) > len(timed[True])
             t0 = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half), \
                     warnings.catch_warnings():
                 # RMSNorm's bf16 input beside its float32 weight: the unfused path, as intended
                 warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
-                logits, predicted = module.unroll(s, t, depth, states=True)
+                logits, predicted = module.unroll(s, t, c, n, depth, states=True)
             loss = _loss([x.float() for x in logits], cols, wts, predicted, tops)
             if loss is None:
                 continue
@@ -349,8 +372,8 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                 break
             meta = data.meta[q]
             for a, e in _windows(data, np.array([q]), None):
-                s, t, _, _, _ = _batch(layer, data, [(a, e)], where, depth)
-                logits = layer.module.unroll(s, t, depth)
+                s, t, c, n, _, _, _ = _batch(layer, data, [(a, e)], where, depth)
+                logits = layer.module.unroll(s, t, c, n, depth)
                 m = e - a
                 end = _sequence_end(data, a)
                 right = np.zeros((m, depth), dtype=bool)

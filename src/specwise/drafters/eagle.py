@@ -4,9 +4,11 @@ small cache of keys and values; and where a layer is found (`find`: trained here
 with the package, `shipped_path`/`ship`) and its data lives (`data_path`, `bench_path`).
 
 What it reads: the states of a low, a middle and a high layer (`layers_for`), at every
-committed position. In a round it first reads the positions committed since it last ran (the
-target keeps them from the prompt's last position on, `LM.hiddens`), then grows the best
-k-token tree from the last (`eagle_layer.propose_tree`); the controller takes a prefix of it.
+committed position, with each token's copy (what the n-gram drafter would propose after it:
+an `NgramIndex` of the request's context, and for draft tokens of their path). In a round it
+first reads the positions committed since it last ran (the target keeps them from the
+prompt's last position on, `LM.hiddens`), then grows the best k-token tree from the last
+(`eagle_layer.propose_tree`); the controller takes a prefix of it.
 Its cache holds committed positions only (the draft tokens' keys live for one proposal), so a
 rejected draft leaves nothing to undo. Greedy and sampled requests draft the same way; q is
 a point mass, so greedy matching and sample-and-match stay exact.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,13 @@ import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, register
-from specwise.drafters.eagle_layer import BEAM, Cache, Layer, propose_tree
+from specwise.drafters.eagle_layer import BEAM, COPY_N, Cache, Layer, propose_tree
 from specwise.drafters.heads import heads_path, model_key
+from specwise.drafters.ngram import NgramIndex
 from specwise.sampling import Sampler, SamplingParams
 
 __all__ = [
+    "COPY_N",
     "FILE",
     "Cache",
     "EagleDrafter",
@@ -112,6 +116,14 @@ class _Seq:
     read: int  # the next position whose state the layer has not read
     layer: Layer  # the trained layer, or the request's tenant's adapted copy
     cache: Cache
+    index: NgramIndex = field(default_factory=lambda: NgramIndex(COPY_N))
+    copies: list[tuple[int, int]] = field(default_factory=list)  # each context token's copy
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Index the context's new tokens, each with its copy (`NgramIndex.after`)."""
+        for x in context[len(self.index.tokens) :]:
+            self.index.push(x)
+            self.copies.append(self.index.after())
 
 
 @register("eagle")
@@ -176,9 +188,10 @@ class EagleDrafter:
         if k <= 0 or self._target is None:
             return Draft([], None)
         s = self._seqs.get(seq)
-        if s is None:
+        if s is None or len(context) < len(s.index.tokens):  # contexts only grow in a request
             layer = self.layer if self.adapter is None else self.adapter.net_for(seq)
             s = self._seqs[seq] = _Seq(0, layer, layer.new_cache())
+        s.catch_up(context)
         cached = len(context) - 1  # the target holds every committed token but the last
         start = max(s.read, cached - WINDOW) if s.cache.n == 0 else s.read
         states = self._target.hiddens(seq, start) if start < cached else None
@@ -187,9 +200,11 @@ class EagleDrafter:
         first = cached - len(states)
         if first != s.read and s.cache.n:  # positions lost: start again after them
             s.cache = s.layer.new_cache()
-        root = s.layer.read(s.cache, states, context[first + 1 : cached + 1])
+        copies = list(zip(*s.copies[first + 1 : cached + 1], strict=True))
+        root = s.layer.read(s.cache, states, context[first + 1 : cached + 1], copies)
         s.read = cached
-        tree = propose_tree(s.layer, s.cache, root, k, self.beam if self._trees else 1)
+        tree = propose_tree(s.layer, s.cache, root, k, self.beam if self._trees else 1,
+                            s.index.after)
         chain = all(q == i - 1 for i, q in enumerate(tree.parents))
         return Draft(tree.tokens, None, tree.confidence, None if chain else tree.parents)
 

@@ -6,26 +6,100 @@ confidence is the match length n scaled to (0, 1) — n / (max_ngram + 1) — a 
 probability: the controller calibrates it against observed acceptance. The index is updated
 incrementally, so a propose costs O(n + k) however long the context is. Needs no model and no
 tokenizer; it learns nothing across requests.
+
+`NgramIndex` is the lookup itself, shared with the eagle layer, which reads each position's
+continuation (`NgramIndex.after`, `continuations`) as an input beside the token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+import numpy as np
 
 from specwise.backends.base import LM
 from specwise.drafters.base import Draft, KeepGoing, measure_cheap, register
 from specwise.sampling import Sampler, SamplingParams
 
-__all__ = ["NgramDrafter"]
+__all__ = ["NgramDrafter", "NgramIndex", "continuations"]
 
 
-@dataclass
-class _Index:
-    tokens: list[int] = field(default_factory=list)
-    # for each n: n-gram -> position right after its most recent occurrence
-    last: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
-    indexed: int = 0  # positions < indexed have their n-grams recorded
+class NgramIndex:
+    """NgramIndex(max_n=4, min_n=1): the n-grams (min_n <= n <= max_n) of a growing token
+    sequence, each mapped to the position right after its most recent occurrence. `push`
+    appends a token; `match` and `after` find the longest, most recent earlier occurrence of
+    the sequence's suffix (with `after`, of the sequence followed by a path of draft tokens)."""
+
+    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(
+                f"n-gram sizes min_ngram={min_n}, max_ngram={max_n} are invalid; "
+                f"need 1 <= min_ngram <= max_ngram"
+            )
+        self.max_n, self.min_n = max_n, min_n
+        self.tokens: list[int] = []
+        # for each n: n-gram -> position right after its most recent occurrence
+        self.last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def push(self, token: int) -> None:
+        """Append one token (the n-grams ending just before it gain it as their follower)."""
+        toks = self.tokens
+        toks.append(int(token))
+        i = len(toks) - 1
+        for n in range(self.min_n, min(self.max_n, i) + 1):
+            self.last[n][tuple(toks[i - n : i])] = i
+
+    def extend(self, context: Sequence[int]) -> None:
+        """Push the tokens of `context` past those already pushed (`context` extends them)."""
+        for x in context[len(self.tokens) :]:
+            self.push(x)
+
+    def match(self) -> tuple[int, int]:
+        """(n, start) of the longest, most recent earlier occurrence of the sequence's last n
+        tokens, start the position after it; (0, -1) where there is none."""
+        toks = self.tokens
+        for n in range(min(self.max_n, len(toks) - 1), self.min_n - 1, -1):
+            start = self.last[n].get(tuple(toks[len(toks) - n :]))
+            if start is not None:
+                return n, start
+        return 0, -1
+
+    def after(self, path: Sequence[int] = ()) -> tuple[int, int]:
+        """(token, n): what followed the longest, most recent earlier occurrence of the last
+        n tokens of the sequence followed by `path` (occurrences that run into `path`
+        included), as if `path` had been pushed; (-1, 0) where there is none."""
+        if not path:
+            n, start = self.match()
+            return (self.tokens[start], n) if n else (-1, 0)
+        toks = self.tokens
+        # Occurrences that end at the last pushed token or later have their follower in
+        # `path`; they start at most max_n tokens before the path.
+        seq = toks[max(0, len(toks) - self.max_n) :] + list(path)
+        q, first = len(seq) - 1, len(seq) - len(path) - 1  # the last; the earliest such end
+        for n in range(min(self.max_n, len(toks) + len(path) - 1), self.min_n - 1, -1):
+            suffix = seq[q - n + 1 :]
+            for e in range(q - 1, max(first, n - 1) - 1, -1):
+                if seq[e - n + 1 : e + 1] == suffix:
+                    return seq[e + 1], n
+            start = self.last[n].get(tuple(suffix))
+            if start is not None:
+                return toks[start], n
+        return -1, 0
+
+
+def continuations(tokens: Sequence[int], max_n: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """For each position q of `tokens`: what followed the longest (n <= max_n), most recent
+    earlier occurrence of tokens[q - n + 1 .. q], and n: arrays ([len], int64, -1 where none;
+    [len], int8, 0 where none), as `NgramIndex.after` gives them one token at a time."""
+    ix = NgramIndex(max_n)
+    nxt = np.full(len(tokens), -1, dtype=np.int64)
+    size = np.zeros(len(tokens), dtype=np.int8)
+    for q, x in enumerate(tokens):
+        ix.push(x)
+        n, start = ix.match()
+        if n:
+            nxt[q], size[q] = ix.tokens[start], n
+    return nxt, size
 
 
 @register("ngram")
@@ -42,37 +116,22 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.fingerprint = f"ngram:{min_ngram}-{max_ngram}"
-        self._seqs: dict[int, _Index] = {}
+        self._seqs: dict[int, NgramIndex] = {}
 
     def bind(self, target: LM) -> None:
         return None
 
     def begin(self, seq: int, prompt: Sequence[int], tenant: str | None = None) -> None:
-        self._seqs[seq] = _Index()
-
-    def _update(self, ix: _Index, context: Sequence[int]) -> None:
-        ix.tokens.extend(context[len(ix.tokens) :])
-        toks = ix.tokens
-        # Position i (1 <= i < len) records the n-grams that end just before it; the context's
-        # own suffix has no follower yet and is not recorded.
-        for i in range(max(ix.indexed, 1), len(toks)):
-            for n in range(self.min_ngram, min(self.max_ngram, i) + 1):
-                ix.last.setdefault(n, {})[tuple(toks[i - n : i])] = i
-        ix.indexed = max(ix.indexed, len(toks))
+        self._seqs[seq] = NgramIndex(self.max_ngram, self.min_ngram)
 
     def match(self, seq: int, context: Sequence[int]) -> tuple[int, int]:
         """(n, start) of the longest, most recent earlier match of the context's suffix;
         (0, -1) when there is none."""
-        ix = self._seqs.setdefault(seq, _Index())
-        if len(context) < len(ix.tokens):  # contexts only grow within a request; else restart
-            ix = self._seqs[seq] = _Index()
-        self._update(ix, context)
-        toks = ix.tokens
-        for n in range(min(self.max_ngram, len(toks) - 1), self.min_ngram - 1, -1):
-            start = ix.last.get(n, {}).get(tuple(toks[len(toks) - n :]))
-            if start is not None:
-                return n, start
-        return 0, -1
+        ix = self._seqs.get(seq)
+        if ix is None or len(context) < len(ix.tokens):  # contexts only grow within a request
+            ix = self._seqs[seq] = NgramIndex(self.max_ngram, self.min_ngram)
+        ix.extend(context)
+        return ix.match()
 
     def propose(
         self,
