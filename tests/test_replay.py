@@ -208,3 +208,34 @@ def test_the_command_refuses_sets_it_cannot_replay(capsys):
     assert "--max-tokens 1 is invalid" in capsys.readouterr().err
     assert main(["bench", "replay", "--sets", "sufix"]) == 2
     assert "unknown drafter 'sufix'" in capsys.readouterr().err
+
+
+def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
+    """An offer is paid for whether the plan takes it or not: at a cost of c ms a token the
+    replay's time grows by c times the tokens of every offer asked, beside the target's calls
+    (a cost this small changes no decision)."""
+    import specwise.bench.replay as replay_module
+
+    asked: list[int] = []
+
+    class Counting(replay_module.Controller):
+        def asks(self, d, rid, longest):
+            yes = super().asks(d, rid, longest)
+            asked.extend([longest] * yes)
+            return yes
+
+    monkeypatch.setattr(replay_module, "Controller", Counting)
+    rng = np.random.default_rng(0)
+    block = [int(t) for t in rng.integers(1, 12, size=24)]
+    recs = [Recording("copy", "a", [*block, 1], block[:20]),
+            Recording("free", "c", [2, 2], [int(t) for t in rng.integers(1, 12, size=16)])]
+    target = ToyLM(vocab=12)
+    free = replay(target, recs, make_drafters(["ngram"]), _costs())
+    asked.clear()
+    c = 1e-6
+    costs = _costs()
+    costs.draft_ms_per_token["ngram"] = c
+    paid = replay(target, recs, make_drafters(["ngram"]), costs)
+    assert [p.rounds for p in paid] == [p.rounds for p in free] and sum(asked) > 20
+    extra = sum(p.ms for p in paid) - sum(p.ms for p in free)
+    assert extra == pytest.approx(c * sum(asked), rel=1e-6)

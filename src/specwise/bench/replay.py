@@ -7,7 +7,8 @@ engine (`k="auto"` over a set of drafters) against `Recorded`, a stand-in for th
 every logits row puts all its weight on the recorded next token: each round proposes, plans,
 verifies and commits as it would on the target at temperature 0, where the answers agree, and
 is priced as the controller prices it (`Pricing.round_ms`, with the costs held at their
-measured values: `frozen`). `hindsight` takes at each position the accepted prefix of any
+measured values: `frozen`), with every offer the controller asked a cheap drafter for (paid
+whether taken or not: `Controller.asks`) at its measured ms a token times the tokens asked. `hindsight` takes at each position the accepted prefix of any
 drafter's offer whose round pays best: what deciding when, with which drafter and how far to
 draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same way, so a replay's speedups are ratios of
 priced times, free of the machine's noise: what the decisions are worth, not how fast a run
@@ -249,21 +250,33 @@ def replay(
     controller = Controller(drafters, frozen(costs))
     engine = Engine(lm, list(drafters), k="auto", controller=controller)  # type: ignore[arg-type]
     pricing = controller.pricing
+    offers = [0.0]  # ms of the offers asked in the answer being replayed
+    asks = controller.asks
+
+    def asked(d: Drafter, rid: str, longest: int) -> bool:
+        yes = asks(d, rid, longest)
+        offers[0] += yes * costs.draft_ms_per_token.get(d.name, 0.0) * longest
+        return yes
+
+    controller.asks = asked  # type: ignore[method-assign]
     out = []
     for rec in recordings:
         lm.play(rec)
+        offers[0] = 0.0
         res = engine.generate(rec.prompt, SamplingParams(max_tokens=len(rec.output)))
         if res.tokens != rec.output:
             raise ValueError(f"{rec.id}: the replayed answer differs from the recorded one")
         rounds = res.rounds[1:]
-        priced = [pricing.round_ms(r.drafter, r.proposed, Batch()) for r in rounds]
+        # the target's call of each round; the drafting is the offers' (a draft is a prefix
+        # of one: counted once)
+        priced = [pricing.round_ms(None, r.proposed, Batch()) for r in rounds]
         drafted = [r for r in rounds if r.drafter is not None]
-        planned = [(r, c) for r, c in zip(rounds, priced, strict=True)
+        planned = [(r, pricing.round_ms(r.drafter, r.proposed, Batch())) for r in rounds
                    if r.drafter is not None and not (r.decision or "").startswith("probing")]
         out.append(
             Priced(
                 rec.category,
-                sum(priced),
+                sum(priced) + offers[0],
                 _plain_ms(pricing, rec),
                 len(rounds),
                 len(drafted),
