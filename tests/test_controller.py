@@ -237,6 +237,27 @@ def test_a_cheap_drafter_whose_offer_costs_is_asked_while_it_pays_or_to_probe():
         ctl.plan("t", room=15, offers={})
 
 
+def test_a_costly_offer_is_asked_only_as_long_as_a_plan_would_take():
+    """A free offer is asked in full; one paid for by the token is asked for the draft length
+    the request's acceptance makes best, and one more; one not asked is 0 tokens long."""
+    ngram, eagle = Named("ngram", True), Named("eagle", True)
+    lengths = []
+    for alpha in ([0.9] * 15, [0.5] * 15, [0.99] * 15):
+        ctl = Controller([ngram, eagle], costs(LINEAR, {"ngram": 0.001, "eagle": 0.1}))
+        assert ctl.offer_length(ngram, "r", 15) == 15
+        ctl.set_prior("eagle", alpha)
+        best, _ = brute_force(alpha, 0.1, CostCurve(dict(LINEAR)))
+        lengths.append(ctl.offer_length(eagle, "r", 15))
+        assert lengths[-1] == min(15, max(best, 1) + 1)
+        assert ctl.offer_length(eagle, "r", 3) <= 3
+    assert lengths[1] < lengths[0] < lengths[2] == 15
+    ctl = Controller([ngram, eagle], costs(LINEAR, {"ngram": 0.001, "eagle": 0.1}))
+    ctl.set_prior("eagle", [0.01] * 15)
+    for _ in range(2):  # plain wins, the drafter sits idle: asked at probe gaps only
+        ctl.plan("r", room=15, offers={})
+    assert ctl.offer_length(eagle, "r", 15) == 0
+
+
 def test_no_run_of_failures_locks_a_cheap_drafter_out():
     """Calibration forgets old outcomes, so a drafter that failed 1000 times is tried again
     once it starts being accepted (on other requests) — well before the successes outnumber

@@ -648,6 +648,26 @@ def test_a_trained_layer_is_not_among_the_default_drafters(smollm2_path, tmp_pat
     assert _drafter_names(a) == ["ngram", "suffix"]
 
 
+def test_a_layer_of_an_older_format_is_refused_in_one_sentence(smollm2_path, tmp_path, monkeypatch):
+    """A layer file from before the copy input (format 3) asked for by name: one sentence
+    naming the file, its format and how to train it again, no traceback."""
+    import torch
+
+    from specwise.cli import build_parser
+    from specwise.cli.common import UsageError, _trained
+    from specwise.drafters import eagle
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    path = eagle.heads_path(smollm2_path) / eagle.FILE
+    path.parent.mkdir(parents=True)
+    torch.save({"format": 3, "weights": {}}, path)
+    a = build_parser().parse_args(
+        ["generate", "--target", str(smollm2_path), "--drafter", "eagle", "hi"]
+    )
+    with pytest.raises(UsageError, match=r"format 3, this specwise reads 4\); train it again"):
+        _trained(a, "eagle")
+
+
 def test_a_layer_starts_as_the_targets_reading_of_its_top_layer():
     """With the target's output rows and final norm, and Back at zero, the depth-1 logits are
     the output layer applied to the top layer's state, normalised as the target normalises."""

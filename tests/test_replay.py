@@ -219,10 +219,10 @@ def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
     asked: list[int] = []
 
     class Counting(replay_module.Controller):
-        def asks(self, d, rid, longest):
-            yes = super().asks(d, rid, longest)
-            asked.extend([longest] * yes)
-            return yes
+        def offer_length(self, d, rid, longest):
+            n = super().offer_length(d, rid, longest)
+            asked.append(n)
+            return n
 
     monkeypatch.setattr(replay_module, "Controller", Counting)
     rng = np.random.default_rng(0)

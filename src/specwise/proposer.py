@@ -111,8 +111,9 @@ class Proposer:
         offers: dict[str, Draft] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:
-            if d.cheap and room > 0 and self.controller.asks(d, r.id, longest):
-                got = drafter_call(r, d, d.propose, r.seq, r.context, longest, r.params, r.sampler)
+            n = self.controller.offer_length(d, r.id, longest) if d.cheap and room > 0 else 0
+            if n:
+                got = drafter_call(r, d, d.propose, r.seq, r.context, n, r.params, r.sampler)
                 offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
         confidences = {n: o.scores() for n, o in offers.items()}

@@ -8,7 +8,8 @@ every logits row puts all its weight on the recorded next token: each round prop
 verifies and commits as it would on the target at temperature 0, where the answers agree, and
 is priced as the controller prices it (`Pricing.round_ms`, with the costs held at their
 measured values: `frozen`), with every offer the controller asked a cheap drafter for (paid
-whether taken or not: `Controller.asks`) at its measured ms a token times the tokens asked. `hindsight` takes at each position the accepted prefix of any
+whether taken or not: `Controller.offer_length`) at its measured ms a token times the tokens
+asked. `hindsight` takes at each position the accepted prefix of any
 drafter's offer whose round pays best: what deciding when, with which drafter and how far to
 draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same way, so a replay's speedups are ratios of
 priced times, free of the machine's noise: what the decisions are worth, not how fast a run
@@ -251,14 +252,14 @@ def replay(
     engine = Engine(lm, list(drafters), k="auto", controller=controller)  # type: ignore[arg-type]
     pricing = controller.pricing
     offers = [0.0]  # ms of the offers asked in the answer being replayed
-    asks = controller.asks
+    offer_length = controller.offer_length
 
-    def asked(d: Drafter, rid: str, longest: int) -> bool:
-        yes = asks(d, rid, longest)
-        offers[0] += yes * costs.draft_ms_per_token.get(d.name, 0.0) * longest
-        return yes
+    def asked(d: Drafter, rid: str, longest: int) -> int:
+        n = offer_length(d, rid, longest)
+        offers[0] += costs.draft_ms_per_token.get(d.name, 0.0) * n
+        return n
 
-    controller.asks = asked  # type: ignore[method-assign]
+    controller.offer_length = asked  # type: ignore[method-assign]
     out = []
     for rec in recordings:
         lm.play(rec)

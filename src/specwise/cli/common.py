@@ -147,7 +147,13 @@ def _trained(a: argparse.Namespace, arch: str):
                 f"make one with `specwise heads data --target {a.target}` then `specwise heads "
                 f"train --target {a.target} --arch eagle`, or drop eagle from --drafter"
             )
-        return eagle.Layer.load(path)
+        try:
+            return eagle.Layer.load(path)
+        except ValueError as exc:
+            raise UsageError(
+                f"{exc}; train it again on the data kept: `specwise heads train --target "
+                f"{a.target} --arch eagle`, or drop eagle from --drafter"
+            ) from None
     path = heads_path(model) / "heads.pt"
     if not path.exists():
         raise UsageError(

@@ -227,6 +227,20 @@ class Controller:
             for m in range(1, len(e))
         )
 
+    def offer_length(self, d: Drafter, rid: str, longest: int) -> int:
+        """How many tokens to ask the cheap drafter `d` to offer in request `rid`'s round: 0
+        where it is not asked (`asks`); all `longest` where its offer is free; else the draft
+        length its acceptance in the request so far makes best, and one more (the offer's own
+        confidences may lengthen the plan): an offer is paid for by the token asked, and
+        tokens no plan would take are not worth asking for."""
+        if not self.asks(d, rid, longest):
+            return 0
+        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
+        if per * longest <= OFFER_FREE * self.pricing.round_ms(None, 0, Batch()):
+            return longest
+        m, _, _ = self._best_length(d.name, self.estimates[d.name].request_alpha(rid, longest), Batch())
+        return min(longest, max(m, 1) + 1)
+
     def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
         """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise
         planning backs off at this batch size (`Backoff`), and this is the plan of every request
