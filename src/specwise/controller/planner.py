@@ -26,7 +26,8 @@ Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, an
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
 whose offer is not free (the eagle layer's: its read and a layer call a level) is
 asked only while it drafts, while it pays on the request's average, or every probe gap
-(`asks`). A model drafter that has fallen behind the context (it is prefilled only once chosen)
+(`asks`), and for no more tokens than its best plan on that average and one (`offer_length`).
+A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
 is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
 is worth its cost: it goes on while, for some m > i, E(m) − E(i) > G·(C(m) − C(i)), with G the
