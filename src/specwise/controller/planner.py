@@ -217,7 +217,7 @@ class Controller:
         offer = per * longest
         st = self.estimates[d.name]
         idle = st.idle.get(rid, 0)
-        if offer <= OFFER_FREE * plain or idle == 0:
+        if self._free_offer(d, longest) or idle == 0:
             return True
         if (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
             return True
@@ -236,11 +236,16 @@ class Controller:
         tokens no plan would take are not worth asking for."""
         if not self.asks(d, rid, longest):
             return 0
-        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
-        if per * longest <= OFFER_FREE * self.pricing.round_ms(None, 0, Batch()):
+        if self._free_offer(d, longest):
             return longest
         m, _, _ = self._best_length(d.name, self.estimates[d.name].request_alpha(rid, longest), Batch())
         return min(longest, max(m, 1) + 1)
+
+    def _free_offer(self, d: Drafter, tokens: int) -> bool:
+        """Whether an offer of `tokens` from `d` costs under OFFER_FREE of a plain round, as
+        the drafter's measured ms a token price it."""
+        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
+        return per * tokens <= OFFER_FREE * self.pricing.round_ms(None, 0, Batch())
 
     def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
         """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise

@@ -108,11 +108,7 @@ class NgramDrafter:
     cheap = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(
-                f"n-gram sizes min_ngram={min_ngram}, max_ngram={max_ngram} are invalid; "
-                f"need 1 <= min_ngram <= max_ngram"
-            )
+        NgramIndex(max_ngram, min_ngram)  # sizes it cannot index are refused here, in one sentence
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.fingerprint = f"ngram:{min_ngram}-{max_ngram}"
