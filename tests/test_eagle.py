@@ -15,7 +15,7 @@ import pytest
 from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
-from specwise.drafters.eagle_layer import COPY_N, projected
+from specwise.drafters.eagle_layer import COPY_N, FORMAT, UNNAMED, projected
 from specwise.drafters.ngram import continuations
 from specwise.oracle import plain_decode
 from test_heads import SAMPLED, assert_emits_the_target_distribution
@@ -602,6 +602,11 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     out = capsys.readouterr().out
     assert "kept the layer installed: on the bench's answers it scores α1 1.000" in out
     assert trained.read_bytes() == before and (trained.parent / heads_cli.NEW_FILE).is_file()
+    record["format"] = FORMAT - 1  # the same layer, as if of a layout this specwise cannot read
+    trained.with_suffix(".json").write_text(json.dumps(record))
+    assert main(["heads", "train", *target, "--arch", "eagle", "--epochs", "1", *small]) == 0
+    assert trained.read_bytes() != before and "saved to" in capsys.readouterr().out
+    before = trained.read_bytes()
     assert main(["heads", "train", *target, "--replace"]) == 2  # heads: nothing to replace
     assert "add --arch eagle" in capsys.readouterr().err
     argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--replace", *small]
@@ -664,7 +669,7 @@ def test_a_layer_of_an_older_format_is_refused_in_one_sentence(smollm2_path, tmp
     a = build_parser().parse_args(
         ["generate", "--target", str(smollm2_path), "--drafter", "eagle", "hi"]
     )
-    with pytest.raises(UsageError, match=r"format 3, this specwise reads 4\); train it again"):
+    with pytest.raises(UsageError, match=rf"format 3, this specwise reads {FORMAT}\); train it again"):
         _trained(a, "eagle")
 
 
@@ -681,7 +686,8 @@ def test_a_layer_starts_as_the_targets_reading_of_its_top_layer():
     top = s[-1, 2 * d :]
     np.testing.assert_allclose(state.numpy(), top, rtol=1e-6)
     want = rows @ (norm * top / np.sqrt((top**2).mean() + 1e-6))
-    np.testing.assert_allclose(logits.numpy(), want, rtol=0.05, atol=0.05 * abs(want).max())
+    np.testing.assert_allclose(logits[:-1].numpy(), want, rtol=0.05, atol=0.05 * abs(want).max())
+    assert logits[-1] == UNNAMED  # the copy slot: no copy read
     with pytest.raises(ValueError, match=r"final_norm has shape \(3,\)"):
         Layer(d, LAYERS, ids, 9, width=16, final_norm=np.ones(3))
 
@@ -732,13 +738,12 @@ def test_each_depth_learns_the_targets_next_states_beside_its_tokens(tmp_path):
 
     _target, data = _toy_data(tmp_path / "data", 8)
     layer = Layer(36, LAYERS, list(range(6)), 6, width=16, depth=3)
-    where = np.arange(6)
     a, e = int(data.starts[0]), int(data.starts[0] + 10)
-    *_, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], where, 3)
+    *_, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], 3)
     states = data.states(a, a + 13).astype(np.float32)
     for j in range(3):
         np.testing.assert_array_equal(tops[j, 0].numpy(), states[1 + j : 11 + j, -36:])
-    logits = [torch.zeros(1, 10, 6) for _ in range(3)]
+    logits = [torch.zeros(1, 10, 7) for _ in range(3)]
     no_reg = eagle_training._loss(logits, cols, wts)
     same = eagle_training._loss(logits, cols, wts, [tops[j] for j in range(3)], tops)
     assert float(same) == pytest.approx(float(no_reg))
@@ -792,7 +797,7 @@ def test_a_batch_reads_each_tokens_copy_within_its_sequence(tmp_path):
     seq = data.tokens[first : first + n]
     ids, sizes = continuations(seq.tolist(), COPY_N)
     a, e = first + 3, first + 13
-    _, t, c, m, *_ = eagle_training._batch(layer, data, [(a, e)], np.arange(6), 3)
+    _, t, c, m, *_ = eagle_training._batch(layer, data, [(a, e)], 3)
     np.testing.assert_array_equal(t[0].numpy(), layer.index(seq[4:16]))
     np.testing.assert_array_equal(c[0].numpy(), layer.index(ids[4:16]))
     np.testing.assert_array_equal(m[0].numpy(), sizes[4:16])
@@ -825,3 +830,118 @@ def test_the_drafter_reads_each_tokens_copy_as_training_does():
         logits = layer.module.unroll(s[None], t[None], c[None], n[None], layer.depth)
     i = len(context) - 2
     assert [int(layer.ids[logits[j][0, i].argmax()]) for j in range(len(chain))] == chain
+
+
+def _slot_layer(target, named: int, width: int = 24, depth: int = 4, odds: float = 3.0) -> Layer:
+    """A random layer that names the target's first `named` ids only, its copy gate and its
+    copy slot's log-odds at random (the slot's raised by `odds`, so it is drafted)."""
+    import torch
+
+    v = target.vocab_size
+    small = Layer(v * v, LAYERS, list(range(named)), v, width=width, depth=depth)
+    with torch.no_grad():
+        for p in small.module.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.5)
+        small.module.gate.weight.normal_(0.0, 0.3)
+        small.module.gate.bias.normal_(0.0, 1.0)
+        small.module.slot.weight.normal_(0.0, 0.02)
+        small.module.slot.bias.normal_(odds, 1.0)
+    small.publish()
+    return small
+
+
+def test_the_copy_slot_names_the_copies_the_vocabulary_lacks():
+    """`columns` maps target ids to the layer's columns (a named id's, the slot for the
+    position's unnamed copy, else -1) and `tokens` maps them back, over every label, copy
+    and match length of a 5-token vocabulary whose layer names 0, 2 and 3."""
+    layer = Layer(8, LAYERS, [0, 2, 3], 5, width=8)
+    slot = len(layer.ids)
+    cases = list(itertools.product(range(-1, 5), range(-1, 5), range(3)))
+    labels, copies, sizes = (np.array(x) for x in zip(*cases, strict=True))
+    got = layer.columns(labels, copies, sizes)
+    for (lab, cp, n), col in zip(cases, got, strict=True):
+        want = {0: 0, 2: 1, 3: 2}.get(lab, slot if lab == cp and n > 0 and cp in (1, 4) else -1)
+        assert col == want, (lab, cp, n)
+        if col >= 0:
+            assert layer.tokens([col], [cp])[0] == lab
+    k = layer.columns(np.stack([labels, np.roll(labels, 1)], axis=1), copies, sizes)
+    np.testing.assert_array_equal(k[:, 0], got)  # [n, K] labels: each column alike
+
+
+def test_the_drafter_drafts_unnamed_copies_as_training_scores_them():
+    """With the copy slot live (the layer names 6 of 8 ids; the context repeats 6 and 7), the
+    drafter's chain is, depth by depth, the training-time test's argmax read through
+    `Layer.tokens` (the slot naming that position's copy), and the chain holds an id the
+    vocabulary lacks."""
+    import torch
+
+    target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
+    target.trees = False
+    layer = _slot_layer(target, named=6)
+    layer._fast = layer.module  # draft in float: argmaxes compare exactly
+    drafter = EagleDrafter(layer)
+    drafter.bind(target)
+    context = [1, 6, 3, 7, 2, 6, 3, 7, 2, 6, 3]
+    target.forward([(0, context[:-1])])
+    chain = drafter.propose(0, context, 4, SamplingParams(), None).tokens
+    assert len(chain) >= 2 and any(x >= 6 for x in chain)
+    s = torch.from_numpy(target.hiddens(0, 0).astype(np.float32))
+    full = context + chain[:-1]
+    ids, sizes = continuations(full, COPY_N)
+    t, c = (torch.from_numpy(layer.index(x[1:])) for x in (np.array(full), ids))
+    n = torch.from_numpy(sizes[1:].astype(np.int64))
+    with torch.inference_mode():
+        logits = layer.module.unroll(s[None], t[None], c[None], n[None], layer.depth)
+    i = len(context) - 2
+    cols = [int(logits[j][0, i].argmax()) for j in range(len(chain))]
+    assert [int(layer.tokens([x], [ids[i + 1 + j]])[0]) for j, x in enumerate(cols)] == chain
+    assert len(layer.ids) in cols[1:]  # a draft token's slot names its path's copy
+
+
+@pytest.mark.parametrize("trees", [True, False])
+def test_eagle_greedy_equals_plain_with_unnamed_copies_drafted(trees):
+    target = ToyLM(vocab=12, seed=3, hidden=LAYERS)
+    target.trees = trees
+    drafter = EagleDrafter(_slot_layer(target, named=8, width=16, depth=3))
+    drafted: list[int] = []
+    propose = drafter.propose
+
+    def recorded(*a, **k):
+        d = propose(*a, **k)
+        drafted.extend(d.tokens)
+        return d
+
+    drafter.propose = recorded
+    prompt = [1, 9, 3, 10, 2, 9, 3, 10, 2, 11]
+    params = SamplingParams(max_tokens=40)
+    res = Engine(target, drafter, k=6).generate(prompt, params)
+    assert res.tokens == plain_decode(target, prompt, params)
+    assert any(x >= 8 for x in drafted)  # the slot drafted ids the layer does not name
+
+
+def test_a_label_that_is_the_unnamed_copy_trains_the_slot(tmp_path):
+    """In a batch, a label the vocabulary lacks is learnt at the copy slot where it is the
+    position's copy, and nowhere where it is not; the loss stays finite beside the slot's
+    UNNAMED logit."""
+    import torch
+
+    _target, data = _toy_data(tmp_path / "data", 8)
+    layer = Layer(36, LAYERS, [0, 1, 2], 6, width=16, depth=2)
+    a, e = int(data.starts[0]), int(data.starts[0] + 20)
+    s, t, c, n, cols, wts, tops = eagle_training._batch(layer, data, [(a, e)], 2)
+    ids, sizes = eagle_training.copies(data)
+    lo = a + 1
+    lab = data.label_ids[lo : lo + 19]
+    want = layer.columns(lab, ids[lo : lo + 19], sizes[lo : lo + 19])
+    slot = want == len(layer.ids)
+    assert slot.any() and (want == -1).any()
+    on = wts[0, 0, :19].numpy() > 0
+    kept = (want >= 0) & (data.label_probs[lo : lo + 19] > 0) & data.train[lo : lo + 19, None]
+    np.testing.assert_array_equal(on, kept)
+    np.testing.assert_array_equal(cols[0, 0, :19].numpy()[on], want[on])
+    logits, predicted = layer.module.unroll(s, t, c, n, 2, states=True)
+    loss = eagle_training._loss(logits, cols, wts, predicted, tops)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert layer.module.slot.bias.grad.abs().sum() > 0

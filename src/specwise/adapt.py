@@ -219,14 +219,16 @@ class _LayerWork(_Work):
         pos = self.answer(states, ctx)
         if len(pos) == 0:
             return None
-        labels = np.full(len(pos), -1, dtype=np.int32)
+        nxt = np.full(len(pos), -1, dtype=np.int64)
         ok = pos + 2 < len(ctx)
-        labels[ok] = self.where[ctx[pos[ok] + 2]]
+        nxt[ok] = ctx[pos[ok] + 2]
+        ids, sizes = continuations(ctx[: int(pos[-1]) + 2].tolist(), COPY_N)
+        ids, sizes = ids[pos + 1], sizes[pos + 1]
+        labels = self.net.columns(nxt, ids, sizes).astype(np.int32)
         if not (labels >= 0).any():
             return None
         hidden = np.stack([states[int(p)] for p in pos])
-        ids, sizes = continuations(ctx[: int(pos[-1]) + 2].tolist(), COPY_N)
-        return hidden, self.net.index(ctx[pos + 1]), self.net.index(ids[pos + 1]), sizes[pos + 1], labels
+        return hidden, self.net.index(ctx[pos + 1]), self.net.index(ids), sizes, labels
 
     def draw(self, answers: Answers, batch: int, rng: np.random.Generator):
         """(answers drawn from `answers` until they hold `batch` positions; the positions)."""

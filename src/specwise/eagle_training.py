@@ -2,12 +2,14 @@
 (`specwise.teacher`), and scoring it on the held-out sequences.
 
 - **Vocabulary** (`choose_vocab`): the `size` ids the target put first most often at the
-  training positions, plus its end-of-text ids; the layer can name only these.
+  training positions, plus its end-of-text ids; the layer can name only these, and a copy
+  (`drafters.eagle_layer`'s copy slot).
 - **Batches**: windows of up to `WINDOW` positions of training sequences (not held out), a
   few a step. Position i of a window reads its states, the token after it and that token's
   copy (`copies`: `ngram.continuations` within its sequence, prompt included); at draft depth
   j (1..depth) it learns the target's distribution at position i + j, its top `teacher.K`
-  ids renormalised over the reduced vocabulary (where none of them is in it, or the label is
+  ids renormalised over the columns the layer can name (the reduced vocabulary, and the copy
+  slot where the label is the position's unnamed copy; where none of them is, or the label is
   not trained on, the position teaches nothing at that depth).
 - **Training-time test** (`LayerModule.unroll`): depth j >= 2 runs the layer on its own
   feature from depth j - 1, attending to the committed positions and to its own path, as it
@@ -110,10 +112,11 @@ def copies(data: Data) -> tuple[np.ndarray, np.ndarray]:
     return got
 
 
-def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
+def _batch(layer: Layer, data: Data, windows, depth: int):
     """Tensors for `windows`: states [B, L, S], token indices [B, L + depth - 1] and their
     copies' indices and match lengths (as the tokens), per depth j
-    the label columns [B, L, K] (indices into the reduced vocabulary, 0 where none) with
+    the label columns [B, L, K] (`Layer.columns`: the reduced vocabulary's and the copy
+    slot's; 0 where none) with
     their weights [B, L, K] (renormalised probabilities; all 0: no label), and the target's
     top state at each position's depth-j successor [depth, B, L, d] (zero past the
     sequence's end: `_loss` reads it where the label's weights are)."""
@@ -146,7 +149,7 @@ def _batch(layer: Layer, data: Data, windows, where: np.ndarray, depth: int):
             lo, hi = a + 1 + j, min(seq_end, e + 1 + j)
             if hi <= lo:
                 continue
-            red = where[data.label_ids[lo:hi]]  # [n, K]: -1 outside the vocabulary
+            red = layer.columns(data.label_ids[lo:hi], copy_ids[lo:hi], copy_sizes[lo:hi])
             p = np.where(red >= 0, data.label_probs[lo:hi].astype(np.float32), 0.0)
             p = p * data.train[lo:hi, None]
             total = p.sum(axis=1, keepdims=True)
@@ -241,7 +244,6 @@ def train(
     if (seconds is None) == (epochs is None):
         raise ValueError("train for seconds or for epochs: give one of them")
     depth = layer.depth
-    where = vocab_index(layer.ids, layer.vocab_size)
     fit = training_sequences(data, positions)
     if len(fit) == 0:
         raise ValueError("the data holds no training sequence yet")
@@ -294,7 +296,7 @@ def train(
             if len(windows) < batch:
                 windows.extend(_windows(data, rng.permutation(fit), rng))
             chosen, windows = windows[:batch], windows[batch:]
-            s, t, c, n, cols, wts, tops = _batch(layer, data, chosen, where, depth)
+            s, t, c, n, cols, wts, tops = _batch(layer, data, chosen, depth)
             half = bf16 if bf16 is not None else len(timed[False]) > len(timed[True])
             t0 = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half), \
@@ -354,7 +356,8 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     held-out sequences (up to `limit` positions): `alpha` (depth 1..depth, each given the
     data's earlier tokens) over all of them, `by_kind` (read, answer, greedy answers),
     `chain_accepted` over greedy answers (module docstring), `in_vocabulary`: the share of
-    the depth-1 positions whose top token the layer can name (α1's ceiling), and `by_read`:
+    the depth-1 positions whose top token the layer can name (in its vocabulary, or the
+    position's copy: α1's ceiling), and `by_read`:
     α1 and the share of the positions by the token the position reads (one the layer names,
     any other: it reads those as one token)."""
     import torch
@@ -366,13 +369,14 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
     reads: list[tuple[np.ndarray, np.ndarray]] = []  # depth 1: (right, reads a named token)
     total = 0
     where = vocab_index(layer.ids, layer.vocab_size)
+    copy_ids, copy_sizes = copies(data)
     with torch.inference_mode():
         for q in held:
             if total >= limit:
                 break
             meta = data.meta[q]
             for a, e in _windows(data, np.array([q]), None):
-                s, t, c, n, _, _, _ = _batch(layer, data, [(a, e)], where, depth)
+                s, t, c, n, _, _, _ = _batch(layer, data, [(a, e)], depth)
                 logits = layer.module.unroll(s, t, c, n, depth)
                 m = e - a
                 end = _sequence_end(data, a)
@@ -380,16 +384,16 @@ def evaluate(layer: Layer, data: Data, limit: int = 200_000) -> dict:
                 valid = np.zeros((m, depth), dtype=bool)
                 inside = np.zeros(m, dtype=bool)
                 for j, lg in enumerate(logits):
-                    guess = layer.ids[lg[0].argmax(-1).numpy()]
                     lo, hi = a + 1 + j, min(end, e + 1 + j)
                     n = hi - lo
                     if n <= 0:  # a sequence shorter than the depth: nothing left to score
                         break
+                    guess = layer.tokens(lg[0, :n].argmax(-1).numpy(), copy_ids[lo:hi])
                     want = data.label_ids[lo:hi, 0]
                     valid[:n, j] = data.train[lo:hi]
-                    right[:n, j] = guess[:n] == want
+                    right[:n, j] = guess == want
                     if j == 0:
-                        inside[:n] = where[want] >= 0
+                        inside[:n] = layer.columns(want, copy_ids[lo:hi], copy_sizes[lo:hi]) >= 0
                         named = where[data.tokens[lo:hi]] >= 0
                         reads.append((right[:n, 0][valid[:n, 0]], named[valid[:n, 0]]))
                 kinds = ["all", meta["kind"]] + (["greedy"] if meta.get("greedy") else [])

@@ -124,6 +124,7 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     from specwise import eagle_training, teacher, weights
     from specwise.backends import model_layers, resolve_model
     from specwise.drafters.eagle import FILE, Layer, bench_path, data_path, layers_for
+    from specwise.drafters.eagle_layer import FORMAT as LAYER_FORMAT
     from specwise.drafters.heads import heads_path, model_key
     from specwise.machine import machine
 
@@ -190,9 +191,11 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         result["bench"] = eagle_training.evaluate(layer, bench_data)
     layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=total,
                       data=teacher.summary(folder), kinds=list(kinds), machine=machine(),
-                      lr=lr, **result)
+                      lr=lr, format=LAYER_FORMAT, **result)
     out = heads_path(model) / FILE
     installed = _record(out)
+    if installed is not None and installed.get("format") != LAYER_FORMAT:
+        installed = None  # a layer this specwise cannot read gives way whatever it scored
     kept = installed is not None and not a.replace and eagle_training.outscores(installed, result)
     if kept:
         out = out.with_name(NEW_FILE)

@@ -14,12 +14,18 @@ context's last n <= `COPY_N` tokens x_{t+2-n..t+1} (`drafters.ngram.NgramIndex`;
     a_t = Block(u_t | u_{<=t})            pre-norm causal attention and MLP (width `width`)
     ŝ_t = top(s_t) + Back(a_t)            a state in the target's space: its top layer's, corrected
     logits = Out(norm(ŝ_t)) + Gate(a_t)_n at c   over a **reduced vocabulary** (`ids`)
+    slot = logsumexp(logits) + Slot(a_t)_n        one more column: c, where `ids` lack it
 
 predicting x_{t+2}. The copy is what the n-gram drafter would propose; the layer learns when
 to trust it (Gate: a logit added to the copied token, by n, from the feature). Without it the
 layer copied no better than it guessed: on the bench's answers (318k positions trained on) its
 α1 was 0.331 where a bigram's copy was right and 0.321 elsewhere, while "the copy where a
-2-gram or longer matches, else the layer" scored 0.513 against its 0.324. Out and its norm start as the target's own output rows for `ids` and its
+2-gram or longer matches, else the layer" scored 0.513 against its 0.324. The **copy slot**
+(a pointer, as pointer-generator networks) names a copy the vocabulary lacks: on the bench's
+answers the target's token was outside the 4,101 most frequent at 20% of the positions, and
+was the copy at 40% of those (identifiers, names, words of the prompt's language); Slot(a)_n
+is the log-odds of the copy against every named token together. A node drafted from the
+slot carries its copy's target id. Out and its norm start as the target's own output rows for `ids` and its
 final norm, and Back at zero, so the layer starts as the target's reading of its top layer
 (its guess at x_{t+1}) and learns the correction in the target's space: measured on 70k
 positions, α1 on the bench's answers 0.21 against 0.18 with Out at the layer's width. E
@@ -62,12 +68,13 @@ import numpy as np
 from specwise.drafters.heads import check_vocab, load_state, save_state, vocab_index
 
 __all__ = [
-    "ATTENTION_HEADS", "BEAM", "COPY_N", "DEPTH", "FLOOR", "FORMAT", "Cache", "Layer", "Tree",
+    "ATTENTION_HEADS", "BEAM", "COPY_N", "DEPTH", "FLOOR", "FORMAT", "UNNAMED", "Cache", "Layer",
+    "Tree",
     "propose_tree",
 ]
 
-FORMAT = 4  # the file's layout (1: over the final state alone; 2: Out at the layer's width;
-# 3: no copy input)
+FORMAT = 5  # the file's layout (1: over the final state alone; 2: Out at the layer's width;
+# 3: no copy input; 4: no copy slot)
 COPY_N = 4  # the longest n-gram whose continuation the layer reads (the n-gram drafter's)
 ATTENTION_HEADS = 8
 BEAM = 3  # nodes expanded a level, and children of each
@@ -76,6 +83,8 @@ DEPTH = 4  # draft levels (the depth it was trained to)
 # FLOOR expected tokens, less than one more verified token costs on any backend measured here
 # (ik_llama's cheapest, ~0.15 of a step on Zen 2-5), so the controller would cut it anyway.
 FLOOR = 0.02
+UNNAMED = -1e4  # the copy slot's logit where the copy is named or none (finite: a zero weight
+# times it in the training loss stays zero)
 
 
 class Layer:
@@ -160,7 +169,8 @@ class Layer:
         tokens that followed them [m] and those tokens' copies: target ids (-1: none) and
         match lengths [m] each, `ngram.continuations`; None: none); returns the tree's root:
         the last one's feature a [width], its predicted state [hidden_size] and its logits
-        over `ids` [len(ids)] (torch tensors): the depth-1 distribution."""
+        over `ids` and the copy slot [len(ids) + 1] (torch tensors): the depth-1
+        distribution."""
         import torch
 
         with torch.inference_mode():
@@ -168,6 +178,25 @@ class Layer:
             t = torch.from_numpy(self.index(tokens))
             c, n = self.copy_inputs(copies, len(t))
             return cache.net.read(s, t, c, n, cache)
+
+    def columns(self, labels, copies, sizes) -> np.ndarray:
+        """Target ids `labels` [n] or [n, K] at n positions -> the layer's output columns: a
+        named id's index, len(ids) (the copy slot) for the position's copy where `ids` lack
+        it (its target id `copies` [n], -1: none, and match length `sizes` [n]), else -1."""
+        lab = np.asarray(labels, dtype=np.int64)
+        cp = np.asarray(copies, dtype=np.int64)
+        col = self.index(lab)
+        unnamed = (np.asarray(sizes) > 0) & (cp >= 0) & (self.index(cp) == len(self.ids))
+        extra = unnamed[:, None] & (lab.reshape(len(cp), -1) == cp[:, None])
+        col = np.where(col < len(self.ids), col, np.where(extra.reshape(lab.shape), len(self.ids), -1))
+        return col
+
+    def tokens(self, columns, copies) -> np.ndarray:
+        """The layer's output columns [n] and each position's copy (target ids [n]) -> the
+        target ids they name (the copy slot names the copy)."""
+        col = np.asarray(columns, dtype=np.int64)
+        named = self.ids[col.clip(max=len(self.ids) - 1)]
+        return np.where(col < len(self.ids), named, np.asarray(copies, dtype=np.int64))
 
     def copy_inputs(self, copies, m: int):
         """(target ids, match lengths) of m copies (None: none) -> torch (indices, lengths)."""
@@ -335,9 +364,11 @@ def _module_class():
             self.norm3 = nn.RMSNorm(d)
             self.out = nn.Linear(d, n_ids, bias=False)
             self.gate = nn.Linear(width, COPY_N + 1)  # the copied token's logit, by n
+            self.slot = nn.Linear(width, COPY_N + 1)  # an unnamed copy's log-odds, by n
             with torch.no_grad():
-                self.gate.weight.zero_()
-                self.gate.bias.zero_()
+                for lin in (self.gate, self.slot):
+                    lin.weight.zero_()
+                    lin.bias.zero_()
 
         # -- the pieces ----------------------------------------------------------------------
         def features(self, s):  # [..., parts * d] -> [..., width]
@@ -364,21 +395,28 @@ def _module_class():
 
         def predict(self, a, base, c, n):
             """Feature a [..., w], the state it corrects, base [..., d], and the copy (c, n)
-            [...] -> (logits [..., n_ids], the predicted state base + Back(a) [..., d]); the
-            copied token's logit gains Gate(a)_n where the copy is one the layer names."""
+            [...] -> (logits [..., n_ids + 1], the predicted state base + Back(a) [..., d]):
+            the copied token's logit gains Gate(a)_n where the copy is one the layer names;
+            column n_ids (`SLOT`) is a copy it does not name, at log-odds Slot(a)_n against
+            all the named tokens together (`UNNAMED` where the copy is named or none)."""
             state = base + self.back(a)
             logits = self.out(self.norm3(state))
-            named = (c < logits.shape[-1]) & (n > 0)
+            v = logits.shape[-1]
+            named = (c < v) & (n > 0)
             bonus = self.gate(a).gather(-1, n[..., None]) * named[..., None].to(logits.dtype)
-            return logits.scatter_add(-1, c.clamp(max=logits.shape[-1] - 1)[..., None],
-                                      bonus.to(logits.dtype)), state
+            logits = logits.scatter_add(-1, c.clamp(max=v - 1)[..., None], bonus.to(logits.dtype))
+            odds = self.slot(a).gather(-1, n[..., None]).to(logits.dtype)
+            slot = torch.logsumexp(logits, dim=-1, keepdim=True) + odds
+            unnamed = ((c >= v) & (n > 0))[..., None]
+            slot = torch.where(unnamed, slot, torch.full_like(slot, UNNAMED))
+            return torch.cat([logits, slot], dim=-1), state
 
         # -- training ------------------------------------------------------------------------
         def unroll(self, s, t, c, n, depth: int, states: bool = False):
             """Training-time test over answers: states s [B, L, S], token indices t [B, L + depth - 1]
             (t[:, i] follows position i; then the tokens after them) and their copies c, n
             (indices and match lengths, as t); returns the logits
-            [B, L, n_ids] of each draft depth 1..depth (depth j at position i predicts the
+            [B, L, n_ids + 1] of each draft depth 1..depth (depth j at position i predicts the
             token after t[:, i + j - 1]), and with `states` also each depth's predicted state
             ŝ [B, L, d] (depth j at i: the target's top state at i + j, as it would be)."""
             L = s.shape[1]
@@ -403,7 +441,7 @@ def _module_class():
                 predicted.append(state)
             return (out, predicted) if states else out
 
-        def forward(self, s, t, c, n):  # depth 1: [B, L, S], [B, L] x 3 -> logits [B, L, n_ids]
+        def forward(self, s, t, c, n):  # depth 1: [B, L, S], [B, L] x 3 -> logits [B, L, n_ids + 1]
             return self.unroll(s, t, c, n, 1)[0]
 
         # -- drafting ------------------------------------------------------------------------
@@ -467,22 +505,31 @@ def propose_tree(
     follow: Callable[[list[int]], tuple[int, int]] | None = None,
 ) -> Tree:
     """The best k-token tree (module docstring) grown from `root` (`Layer.read`'s feature [w],
-    predicted state [d] and depth-1 logits [len(ids)], torch), expanding `beam` nodes a level
-    with `beam` children each, for `layer.depth` levels; beam 1: the best chain. `follow`:
-    a draft path (target ids from the root's child down) -> its copy (target id, n), as
-    `NgramIndex.after` gives it over the committed context (None: no copies)."""
+    predicted state [d] and depth-1 logits [len(ids) + 1], torch), expanding `beam` nodes a
+    level with `beam` children each, for `layer.depth` levels; beam 1: the best chain.
+    `follow`: a draft path (target ids from the root's child down; [] for the root) -> its
+    copy (target id, n), as `NgramIndex.after` gives it over the committed context (None: no
+    copies, so the copy slot names nothing)."""
     import torch
 
     net = cache.net
     heads, d = ATTENTION_HEADS, layer.width // ATTENTION_HEADS
-    # every node: (parent node or -1, reduced index, confidence, cumulative, level)
-    nodes: list[tuple[int, int, float, float, int]] = []
+    slot = len(layer.ids)
+    # every node: (parent node or -1, column, target id, confidence, cumulative, level)
+    nodes: list[tuple[int, int, int, float, float, int]] = []
     feature, state, logits = root
-    with torch.inference_mode():
-        p = torch.softmax(logits, dim=-1)
-        top = torch.topk(p, min(beam, len(p)))
+
+    def add(parent: int, probs, copy: int, level: int) -> None:
+        """The `beam` most likely children of `parent` (the copy slot names `copy`)."""
+        top = torch.topk(probs, min(beam, len(probs)))
+        above = 1.0 if parent < 0 else nodes[parent][4]
         for c, x in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-            nodes.append((-1, x, c, c, 1))
+            tok = int(layer.ids[x]) if x < slot else copy
+            if tok >= 0:  # the slot of a node with no copy names nothing
+                nodes.append((parent, x, tok, c, above * c, level))
+
+    with torch.inference_mode():
+        add(-1, torch.softmax(logits, dim=-1), follow([])[0] if follow else -1, 1)
         level = list(range(len(nodes)))
         feats = feature[None].expand(len(level), -1)
         states = state[None].expand(len(level), -1)
@@ -490,48 +537,46 @@ def propose_tree(
         chain_v = torch.zeros(len(level), 0, heads, d)
         parent_row = list(range(len(level)))  # each level node's row in feats / chains
         for depth in range(2, layer.depth + 1):
-            best = [i for i in sorted(level, key=lambda i: -nodes[i][3])[:beam]
-                    if nodes[i][3] >= FLOOR]
-            if not best or (len(nodes) >= k and _kth(nodes, k) >= nodes[best[0]][3]):
+            best = [i for i in sorted(level, key=lambda i: -nodes[i][4])[:beam]
+                    if nodes[i][4] >= FLOOR]
+            if not best or (len(nodes) >= k and _kth(nodes, k) >= nodes[best[0]][4]):
                 break  # no node worth a child, or no child could enter the best k
             rows = [parent_row[level.index(i)] for i in best]
             toks = torch.tensor([nodes[i][1] for i in best])
             copies = None if follow is None else list(zip(
-                *(follow(_path(layer, nodes, i)) for i in best), strict=True))
+                *(follow(_path(nodes, i)) for i in best), strict=True))
             c, n = layer.copy_inputs(copies, len(best))
             a, st, lg, ck, cv = net.expand(
                 feats[rows], states[rows], toks, c, n, cache, chain_k[rows], chain_v[rows]
             )
             p = torch.softmax(lg, dim=-1)
-            top = torch.topk(p, min(beam, p.shape[-1]), dim=-1)
-            level, parent_row = [], []
+            first = len(nodes)
             for r, i in enumerate(best):
-                for c, x in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
-                    nodes.append((i, x, c, nodes[i][3] * c, depth))
-                    level.append(len(nodes) - 1)
-                    parent_row.append(r)
+                add(i, p[r], -1 if copies is None else copies[0][r], depth)
+            level = list(range(first, len(nodes)))
+            parent_row = [best.index(nodes[j][0]) for j in level]
             feats, states, chain_k, chain_v = a, st, ck, cv
-    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][3], nodes[i][4], i))[:k]
+    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][4], nodes[i][5], i))[:k]
     place = {n: j for j, n in enumerate(order)}
     tree = Tree()
     for n in order:
-        parent, x, c, cum, _ = nodes[n]
-        tree.tokens.append(int(layer.ids[x]))
+        parent, _, tok, c, cum, _ = nodes[n]
+        tree.tokens.append(tok)
         tree.parents.append(-1 if parent < 0 else place[parent])
         tree.confidence.append(float(c))
         tree.cumulative.append(float(cum))
     return tree
 
 
-def _path(layer: Layer, nodes: Sequence[tuple[int, int, float, float, int]], i: int) -> list[int]:
+def _path(nodes: Sequence[tuple[int, int, int, float, float, int]], i: int) -> list[int]:
     """The target ids from the root's child down to node i."""
     out = []
     while i >= 0:
-        out.append(int(layer.ids[nodes[i][1]]))
+        out.append(nodes[i][2])
         i = nodes[i][0]
     return out[::-1]
 
 
-def _kth(nodes: Sequence[tuple[int, int, float, float, int]], k: int) -> float:
+def _kth(nodes: Sequence[tuple[int, int, int, float, float, int]], k: int) -> float:
     """The k-th highest cumulative probability among the tree's nodes (k <= len(nodes))."""
-    return sorted((n[3] for n in nodes), reverse=True)[k - 1]
+    return sorted((n[4] for n in nodes), reverse=True)[k - 1]
