@@ -472,7 +472,9 @@ def _module_class():
 
 
 def _int8_copy(module):
-    """The inference copy of a `LayerModule`: its Linear layers dynamically quantized to int8."""
+    """The inference copy of a `LayerModule`: its Linear layers dynamically quantized to int8,
+    but for the copy's two of COPY_N + 1 outputs each (Gate, Slot), whose int8 product costs a
+    call's fixed ~20 us against ~5 us in float (measured on Zen 4)."""
     import copy
     import warnings
 
@@ -482,11 +484,14 @@ def _int8_copy(module):
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's notice that it moves to torchao
-        return quantization.quantize_dynamic(
+        fast = quantization.quantize_dynamic(
             copy.deepcopy(module).eval(),
             {nn.Linear: quantization.per_channel_dynamic_qconfig},
             dtype=torch.qint8,
         )
+    for name in ("gate", "slot"):
+        setattr(fast, name, copy.deepcopy(getattr(module, name)).eval())
+    return fast
 
 
 @dataclass
