@@ -808,19 +808,24 @@ def test_the_drafter_reads_each_tokens_copy_as_training_does():
     """The drafter's chain (float weights, beam 1) is, depth by depth, the argmax of the
     training-time test over the context followed by the chain itself, each token with its
     copy: the committed tokens' from the request's index, the draft tokens' along their path."""
-    import torch
-
     target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
     target.trees = False
     layer = _toy_layer(target, width=24, depth=4)
+    chain, cols, copies = _drafted_and_unrolled(layer, target, [1, 5, 3, 7, 2, 5, 3, 7, 2, 5, 3, 6, 1, 5])
+    assert len(chain) >= 2 and layer.tokens(cols, copies).tolist() == chain
+
+
+def _drafted_and_unrolled(layer: Layer, target, context: list[int]):
+    """The eagle drafter's chain after `context` (float weights, beam 1), and at the context's
+    last position, depth by depth along that chain, the training-time test's argmax column
+    and the copy that depth reads (target ids)."""
+    import torch
+
     layer._fast = layer.module  # draft in float: argmaxes compare exactly
     drafter = EagleDrafter(layer)
     drafter.bind(target)
-    context = [1, 5, 3, 7, 2, 5, 3, 7, 2, 5, 3, 6, 1, 5]
     target.forward([(0, context[:-1])])
-    draft = drafter.propose(0, context, 4, SamplingParams(), None)
-    chain = draft.tokens
-    assert len(chain) >= 2
+    chain = drafter.propose(0, context, 4, SamplingParams(), None).tokens
     s = torch.from_numpy(target.hiddens(0, 0).astype(np.float32))
     full = context + chain[:-1]
     ids, sizes = continuations(full, COPY_N)
@@ -829,7 +834,8 @@ def test_the_drafter_reads_each_tokens_copy_as_training_does():
     with torch.inference_mode():
         logits = layer.module.unroll(s[None], t[None], c[None], n[None], layer.depth)
     i = len(context) - 2
-    assert [int(layer.ids[logits[j][0, i].argmax()]) for j in range(len(chain))] == chain
+    cols = [int(logits[j][0, i].argmax()) for j in range(len(chain))]
+    return chain, cols, [int(ids[i + 1 + j]) for j in range(len(chain))]
 
 
 def _slot_layer(target, named: int, width: int = 24, depth: int = 4, odds: float = 3.0) -> Layer:
@@ -874,28 +880,12 @@ def test_the_drafter_drafts_unnamed_copies_as_training_scores_them():
     drafter's chain is, depth by depth, the training-time test's argmax read through
     `Layer.tokens` (the slot naming that position's copy), and the chain holds an id the
     vocabulary lacks."""
-    import torch
-
     target = ToyLM(vocab=8, seed=1, hidden=LAYERS)
     target.trees = False
     layer = _slot_layer(target, named=6)
-    layer._fast = layer.module  # draft in float: argmaxes compare exactly
-    drafter = EagleDrafter(layer)
-    drafter.bind(target)
-    context = [1, 6, 3, 7, 2, 6, 3, 7, 2, 6, 3]
-    target.forward([(0, context[:-1])])
-    chain = drafter.propose(0, context, 4, SamplingParams(), None).tokens
+    chain, cols, copies = _drafted_and_unrolled(layer, target, [1, 6, 3, 7, 2, 6, 3, 7, 2, 6, 3])
     assert len(chain) >= 2 and any(x >= 6 for x in chain)
-    s = torch.from_numpy(target.hiddens(0, 0).astype(np.float32))
-    full = context + chain[:-1]
-    ids, sizes = continuations(full, COPY_N)
-    t, c = (torch.from_numpy(layer.index(x[1:])) for x in (np.array(full), ids))
-    n = torch.from_numpy(sizes[1:].astype(np.int64))
-    with torch.inference_mode():
-        logits = layer.module.unroll(s[None], t[None], c[None], n[None], layer.depth)
-    i = len(context) - 2
-    cols = [int(logits[j][0, i].argmax()) for j in range(len(chain))]
-    assert [int(layer.tokens([x], [ids[i + 1 + j]])[0]) for j, x in enumerate(cols)] == chain
+    assert layer.tokens(cols, copies).tolist() == chain
     assert len(layer.ids) in cols[1:]  # a draft token's slot names its path's copy
 
 
