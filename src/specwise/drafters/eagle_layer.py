@@ -24,16 +24,19 @@ layer copied no better than it guessed: on the bench's answers (318k positions t
 (a pointer, as pointer-generator networks) names a copy the vocabulary lacks: on the bench's
 answers the target's token was outside the 4,101 most frequent at 20% of the positions, and
 was the copy at 40% of those (identifiers, names, words of the prompt's language); Slot(a)_n
-is the log-odds of the copy against every named token together. A node drafted from the
-slot carries its copy's target id. Out and its norm start as the target's own output rows for `ids` and its
-final norm, and Back at zero, so the layer starts as the target's reading of its top layer
-(its guess at x_{t+1}) and learns the correction in the target's space: measured on 70k
-positions, α1 on the bench's answers 0.21 against 0.18 with Out at the layer's width. E
-starts from the target's own token embeddings (`projected`). To draft further it runs on its
-own output, as it was trained to (training-time test,
-`specwise.eagle_training`): at draft depth j >= 1 the feature it reads in place of f is the
-feature a of its parent draft token, with that token's embedding, the state it corrects is its
-parent's ŝ, and it attends to the committed positions and to the draft tokens on its path.
+is the log-odds of the copy against every named token together (measured on 391k positions:
+right at 0.947 of the positions whose token is the unnamed copy; bench α1 0.460 -> 0.545). A
+node drafted from the slot carries its copy's target id.
+
+Out and its norm start as the target's own output rows for `ids` and its final norm, and Back
+at zero, so the layer starts as the target's reading of its top layer (its guess at x_{t+1})
+and learns the correction in the target's space: measured on 70k positions, α1 on the bench's
+answers 0.21 against 0.18 with Out at the layer's width. E starts from the target's own token
+embeddings (`projected`). To draft further it runs on its own output, as it was trained to
+(training-time test, `specwise.eagle_training`): at draft depth j >= 1 the feature it reads in
+place of f is the feature a of its parent draft token, with that token's embedding, the state
+it corrects is its parent's ŝ, and it attends to the committed positions and to the draft
+tokens on its path.
 
 The draft (a dynamic tree, as EAGLE-2). The root is the last emitted token; the layer's first
 step over the new committed positions gives the depth-1 distribution. At each depth the
@@ -69,8 +72,7 @@ from specwise.drafters.heads import check_vocab, load_state, save_state, vocab_i
 
 __all__ = [
     "ATTENTION_HEADS", "BEAM", "COPY_N", "DEPTH", "FLOOR", "FORMAT", "UNNAMED", "Cache", "Layer",
-    "Tree",
-    "propose_tree",
+    "Tree", "propose_tree",
 ]
 
 FORMAT = 5  # the file's layout (1: over the final state alone; 2: Out at the layer's width;
@@ -188,8 +190,7 @@ class Layer:
         col = self.index(lab)
         unnamed = (np.asarray(sizes) > 0) & (cp >= 0) & (self.index(cp) == len(self.ids))
         extra = unnamed[:, None] & (lab.reshape(len(cp), -1) == cp[:, None])
-        col = np.where(col < len(self.ids), col, np.where(extra.reshape(lab.shape), len(self.ids), -1))
-        return col
+        return np.where(col < len(self.ids), col, np.where(extra.reshape(lab.shape), len(self.ids), -1))
 
     def tokens(self, columns, copies) -> np.ndarray:
         """The layer's output columns [n] and each position's copy (target ids [n]) -> the
@@ -397,7 +398,7 @@ def _module_class():
             """Feature a [..., w], the state it corrects, base [..., d], and the copy (c, n)
             [...] -> (logits [..., n_ids + 1], the predicted state base + Back(a) [..., d]):
             the copied token's logit gains Gate(a)_n where the copy is one the layer names;
-            column n_ids (`SLOT`) is a copy it does not name, at log-odds Slot(a)_n against
+            column n_ids (the copy slot) is a copy it does not name, at log-odds Slot(a)_n against
             all the named tokens together (`UNNAMED` where the copy is named or none)."""
             state = base + self.back(a)
             logits = self.out(self.norm3(state))
