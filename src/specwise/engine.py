@@ -506,6 +506,7 @@ class Engine:
             step=step,
             depth=None if p.draft.parents is None else p.draft.depth(),
             acceptance=None if r.acceptance == EXACT else r.acceptance,
+            offers=None if plan is None else dict(p.asked),
         )
         r.rounds.append(rt)
         r.clock = now

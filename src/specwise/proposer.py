@@ -39,14 +39,15 @@ CHEAP_MAX_K = 15  # longest draft asked of a cheap drafter (the cost curve is me
 @dataclass
 class Proposal:
     """What step 1 decided for one request in one round: who drafts (None: plain), the draft,
-    the controller's plan (k="auto"), what the cheap drafters offered, the drafter's catch-up
-    (`lag`, context tokens), and, filled in later in the round, the drafting time, the filler
-    fed after the draft (`padded`) and the tokens emitted."""
+    the controller's plan (k="auto"), what the cheap drafters were asked for and offered, the
+    drafter's catch-up (`lag`, context tokens), and, filled in later in the round, the drafting
+    time, the filler fed after the draft (`padded`) and the tokens emitted."""
 
     drafter: Drafter | None
     draft: Draft
     plan: Plan | None = None
     offers: dict[str, Draft] = field(default_factory=dict)
+    asked: dict[str, int] = field(default_factory=dict)  # tokens asked of each cheap drafter
     lag: int = 0
     ms: float = 0.0
     padded: int = 0
@@ -109,10 +110,12 @@ class Proposer:
             return Proposal(d, draft or none.draft, lag=lag)
         # The cheap drafters the controller asks propose first; it then picks a drafter and length.
         offers: dict[str, Draft] = {}
+        asked: dict[str, int] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:
             n = self.controller.offer_length(d, r.id, longest) if d.cheap and room > 0 else 0
             if n:
+                asked[d.name] = n
                 got = drafter_call(r, d, d.propose, r.seq, r.context, n, r.params, r.sampler)
                 offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
@@ -129,13 +132,13 @@ class Proposer:
         )
         d = plan.drafter
         if d is None or r.drafter_errors:
-            return Proposal(None, none.draft, plan, offers=offers)
+            return Proposal(None, none.draft, plan, offers=offers, asked=asked)
         if d.cheap:
-            return Proposal(d, offers[d.name].prefix(plan.k_max), plan, offers=offers)
+            return Proposal(d, offers[d.name].prefix(plan.k_max), plan, offers=offers, asked=asked)
         draft = drafter_call(
             r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
         )
-        return Proposal(d, draft or none.draft, plan, offers=offers, lag=lags[d.name])
+        return Proposal(d, draft or none.draft, plan, offers=offers, asked=asked, lag=lags[d.name])
 
     def propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
         """Step 1 for the batch: each request's proposal, then (k="auto", several requests)

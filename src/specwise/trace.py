@@ -43,6 +43,7 @@ __all__ = [
     "acceptance_per_position",
     "alpha_per_position",
     "choice_shares",
+    "offer_figures",
     "peak_rss_mb",
     "rss_mb",
     "summarize",
@@ -76,6 +77,9 @@ class RoundTrace:
     step: int | None = None  # the engine's step (rounds of one batch share it); None: round 0
     depth: int | None = None  # a tree draft's longest path; None: a chain (depth = proposed)
     acceptance: str | None = None  # the lossy rule its request ran under (`lossy`); None: exact
+    # Tokens asked of each cheap drafter before the plan, taken or not (paid for either way, in
+    # draft_ms); None when k was fixed.
+    offers: dict[str, int] | None = None
 
     @property
     def reach(self) -> int:
@@ -113,6 +117,27 @@ def tree_figures(rounds: Iterable[RoundTrace]) -> dict[str, float] | None:
         "tokens": sum(r.proposed for r in trees) / len(trees),
         "depth": sum(r.depth for r in trees) / len(trees),
         "accepted": sum(r.accepted for r in trees) / len(trees),
+    }
+
+
+def offer_figures(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]] | None:
+    """For each cheap drafter asked for an offer before a plan (`RoundTrace.offers`): the rounds
+    that asked it, the share of them that drafted from its offer, and the tokens asked and
+    drafted from it, a round that asked; None when no round asked any."""
+    seen: dict[str, list[int]] = {}  # name -> [rounds, taken, tokens asked, tokens drafted]
+    for r in rounds:
+        for name, n in (r.offers or {}).items():
+            x = seen.setdefault(name, [0, 0, 0, 0])
+            taken = r.drafter == name and r.proposed > 0
+            x[0] += 1
+            x[1] += taken
+            x[2] += n
+            x[3] += r.proposed if taken else 0
+    if not seen:
+        return None
+    return {
+        name: {"rounds": n, "taken": taken / n, "asked": asked / n, "drafted": drafted / n}
+        for name, (n, taken, asked, drafted) in seen.items()
     }
 
 

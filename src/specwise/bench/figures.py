@@ -37,6 +37,7 @@ from specwise.trace import (
     acceptance_per_position,
     alpha_per_position,
     choice_shares,
+    offer_figures,
     rejection_histogram,
     tree_figures,
 )
@@ -177,6 +178,7 @@ def figures_of(records: list[dict], rounds: list[RoundTrace], plain: list[dict])
         "peak_rss_mb": max(x["peak_rss_mb"] for x in s),
         "choices": choice_shares(rounds),
         "trees": tree_figures(rounds),
+        "offers": offer_figures(rounds),
     }
     checks = [r["check"] for r in records]
     if checks and "match" in checks[0]:

@@ -8,13 +8,14 @@ every logits row puts all its weight on the recorded next token: each round prop
 verifies and commits as it would on the target at temperature 0, where the answers agree, and
 is priced as the controller prices it (`Pricing.round_ms`, with the costs held at their
 measured values: `frozen`), with every offer the controller asked a cheap drafter for (paid
-whether taken or not: `Controller.offer_length`) at its measured ms a token times the tokens
-asked. `hindsight` takes at each position the accepted prefix of any
-drafter's offer whose round pays best: what deciding when, with which drafter and how far to
-draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same way, so a replay's speedups are ratios of
-priced times, free of the machine's noise: what the decisions are worth, not how fast a run
-was (that is `specwise bench`). Temperature 0 only, and only drafters that copy text
-(`Drafter.cheap`): a draft model's drafts need its own model run, measured by `specwise bench`.
+whether taken or not: the round trace's `offers`) at its measured ms a token times the tokens
+asked. `hindsight` takes at each position the accepted prefix of any drafter's offer whose
+round pays best: what deciding when, with which drafter and how far to draft could get from
+these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same
+way, so a replay's speedups are ratios of priced times, free of the machine's noise: what the
+decisions are worth, not how fast a run was (that is `specwise bench`). Temperature 0 only, and
+only cheap drafters (`Drafter.cheap`): a draft model's drafts need its own model run, measured
+by `specwise bench`.
 """
 
 from __future__ import annotations
@@ -251,33 +252,27 @@ def replay(
     controller = Controller(drafters, frozen(costs))
     engine = Engine(lm, list(drafters), k="auto", controller=controller)  # type: ignore[arg-type]
     pricing = controller.pricing
-    offers = [0.0]  # ms of the offers asked in the answer being replayed
-    offer_length = controller.offer_length
-
-    def asked(d: Drafter, rid: str, longest: int) -> int:
-        n = offer_length(d, rid, longest)
-        offers[0] += costs.draft_ms_per_token.get(d.name, 0.0) * n
-        return n
-
-    controller.offer_length = asked  # type: ignore[method-assign]
+    per = costs.draft_ms_per_token
     out = []
     for rec in recordings:
         lm.play(rec)
-        offers[0] = 0.0
         res = engine.generate(rec.prompt, SamplingParams(max_tokens=len(rec.output)))
         if res.tokens != rec.output:
             raise ValueError(f"{rec.id}: the replayed answer differs from the recorded one")
         rounds = res.rounds[1:]
-        # the target's call of each round; the drafting is the offers' (a draft is a prefix
-        # of one: counted once)
+        # the target's call of each round; the drafting is the offers asked, each round's as
+        # its trace records them (a draft is a prefix of one: counted once)
         priced = [pricing.round_ms(None, r.proposed, Batch()) for r in rounds]
+        offered = sum(
+            per.get(name, 0.0) * n for r in res.rounds for name, n in (r.offers or {}).items()
+        )
         drafted = [r for r in rounds if r.drafter is not None]
         planned = [(r, pricing.round_ms(r.drafter, r.proposed, Batch())) for r in rounds
                    if r.drafter is not None and not (r.decision or "").startswith("probing")]
         out.append(
             Priced(
                 rec.category,
-                sum(priced) + offers[0],
+                sum(priced) + offered,
                 _plain_ms(pricing, rec),
                 len(rounds),
                 len(drafted),

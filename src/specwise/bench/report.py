@@ -112,6 +112,7 @@ class Report:
                 for spec, f in by_spec.items():
                     out.append(_md_row(spec, f))
                 out += _tree_lines(by_spec)
+                out += _offer_lines(by_spec)
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     out += ["", f"**Recommendation:** {rec['text']}"]
@@ -260,6 +261,19 @@ def _tree_lines(by_spec: dict[str, dict]) -> list[str]:
                 f"{t['accepted']:.2f} accepted"
             )
     return ["", "Tree drafts:", *out] if out else []
+
+
+def _offer_lines(by_spec: dict[str, dict]) -> list[str]:
+    """A sentence per configuration and cheap drafter asked for offers before its plans: how
+    often, and how much of what was asked (and paid for) was drafted from."""
+    out = [
+        f"- {spec}: {name} asked in {o['rounds']} rounds, {o['asked']:.1f} tokens a round; "
+        f"drafted from in {100 * o['taken']:.0f}% of them, {o['drafted']:.1f} tokens a round"
+        for spec, f in by_spec.items()
+        for name, o in (f.get("offers") or {}).items()
+    ]
+    head = "Offers asked before the plan (paid for whether drafted from or not):"
+    return ["", head, *out] if out else []
 
 
 def _recommend(by_spec: dict[str, dict]) -> dict[str, Any]:

@@ -190,7 +190,8 @@ class Layer:
         col = self.index(lab)
         unnamed = (np.asarray(sizes) > 0) & (cp >= 0) & (self.index(cp) == len(self.ids))
         extra = unnamed[:, None] & (lab.reshape(len(cp), -1) == cp[:, None])
-        return np.where(col < len(self.ids), col, np.where(extra.reshape(lab.shape), len(self.ids), -1))
+        slot = np.where(extra.reshape(lab.shape), len(self.ids), -1)
+        return np.where(col < len(self.ids), col, slot)
 
     def tokens(self, columns, copies) -> np.ndarray:
         """The layer's output columns [n] and each position's copy (target ids [n]) -> the
