@@ -168,9 +168,28 @@ def test_stopper_stops_on_low_confidence():
         ctl.observe("warm", "model", Draft([1], None, [0.05]), accepted=0)
     ctl.set_prior("model", [0.9] * 8)
     plan = ctl.plan("r", room=8)
-    assert plan.drafter is not None and plan.keep_going(1, 0.97)
+    assert plan.drafter is not None and plan.keep_going([0.97])
     plan = ctl.plan("r", room=8)
-    assert not plan.keep_going(1, 0.03)
+    assert not plan.keep_going([0.03])
+
+
+def test_a_costly_offer_grows_only_beneath_paths_a_plan_could_pay_for():
+    """A cheap drafter whose offer costs something draws it by the mid-round rule at plain
+    decoding's goodput, path by path (in any order: the rule keeps no state between calls);
+    a free offer gets no rule."""
+    tree, free = Named("tree", True), Named("free", True)
+    ctl = Controller([tree, free], costs(LINEAR, {"tree": 2.0, "free": 0.0}), max_k=8)
+    for _ in range(100):  # calibration: confident tokens are accepted, unsure ones are not
+        ctl.observe("warm", "tree", Draft([1], None, [0.95]), accepted=1)
+        ctl.observe("warm", "tree", Draft([1], None, [0.05]), accepted=0)
+    ctl.set_prior("tree", [0.9] * 8)
+    assert ctl.offer_stopper(free, "r", 8, Batch()) is None
+    stop = ctl.offer_stopper(tree, "r", 8, Batch())
+    unsure, sure, deep = [0.03], [0.97], [0.97] * 8
+    answers = [stop(unsure), stop(sure), stop(deep)]
+    assert answers == [False, True, False]  # nothing lies past the offer's 8 tokens
+    assert [stop(deep), stop(sure), stop(unsure)] == answers[::-1]
+    assert stop([0.97, 0.03]) is False and stop([0.97, 0.97]) is True
 
 
 def test_estimators_converge_and_follow_a_change():
@@ -288,7 +307,7 @@ class AlwaysWrong(StubDrafter):
         for i in range(k):
             time.sleep(0.002)  # drafting costs something
             out.append((best + 1) % self.lm.vocab_size)
-            if keep_going is not None and not keep_going(i + 1, 0.99):
+            if keep_going is not None and not keep_going([0.99] * (i + 1)):
                 break
         return Draft(out, None, [0.99] * len(out))
 

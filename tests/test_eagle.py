@@ -100,9 +100,21 @@ def test_eagle_under_the_controller_greedy_equals_plain(tmp_path, monkeypatch):
     prompt = [1, 5, 3, 7, 2, 5, 3, 7, 2, 9]
     params = SamplingParams(max_tokens=60)
     drafters = [NgramDrafter(), EagleDrafter(_toy_layer(target))]
-    engine = Engine(target, drafters, k="auto", controller=Controller.calibrated(target, drafters))
+    stops = []
+    propose = drafters[1].propose
+
+    def recorded(*a):
+        stops.append((a[2], a[5]))  # tokens asked, the controller's rule for the tree
+        return propose(*a)
+
+    drafters[1].propose = recorded
+    ctl = Controller.calibrated(target, drafters)
+    engine = Engine(target, drafters, k="auto", controller=ctl)
     res = engine.generate(prompt, params)
     assert res.tokens == plain_decode(target, prompt, params)
+    assert stops and all(  # a rule wherever the offer costs something
+        callable(stop) != ctl._free_offer(drafters[1], n) for n, stop in stops
+    )
 
 
 def test_drafting_computes_what_the_training_time_test_computes():
@@ -201,6 +213,49 @@ def test_a_short_tree_is_the_long_trees_prefix_and_skips_the_levels_it_cannot_us
                 assert got.tokens == full.tokens[:k] and got.parents == full.parents[:k]
                 assert got.confidence == full.confidence[:k]
                 assert k > 1 or not calls
+
+
+def test_a_tree_grows_only_beneath_the_nodes_keep_going_allows():
+    """`keep_going` is asked of each node before its children are drafted, with the
+    confidences along its path; the tree is the unstopped tree less the subtrees of the
+    nodes it refused, and where it refuses every node no level past the root is drafted.
+    (Token paths are compared: int8 activations are scaled per call, so a level of fewer
+    nodes gives its children's confidences within ~1e-3, not bit for bit.)"""
+    target = ToyLM(vocab=10, seed=2, hidden=LAYERS)
+    layer = _toy_layer(target, width=16, depth=4)
+    cache = layer.new_cache()
+    rng = np.random.default_rng(5)
+    root = layer.read(cache, rng.standard_normal((4, layer.state_size)), [1, 2, 3, 4])
+    full = propose_tree(layer, cache, root, 1000, 3)
+
+    def along(tree, i, values):
+        out = []
+        while i >= 0:
+            out.append(values[i])
+            i = tree.parents[i]
+        return out[::-1]
+
+    paths: list[list[float]] = []
+
+    def only_the_first(path):
+        paths.append(list(path))
+        return len(path) == 1 and path[0] == full.confidence[0]
+
+    got = propose_tree(layer, cache, root, 1000, 3, keep_going=only_the_first)
+    conf = [along(full, i, full.confidence) for i in range(len(full.tokens))]
+    assert paths and all(
+        any(len(p) == len(c) and np.allclose(p, c, atol=1e-2) for c in conf) for p in paths
+    )
+    want = {tuple(along(full, i, full.tokens)) for i in range(len(full.tokens))
+            if full.parents[i] in (-1, 0)}
+    assert {tuple(along(got, i, got.tokens)) for i in range(len(got.tokens))} == want
+    calls: list[int] = []
+    expand = cache.net.expand
+    cache.net.expand = lambda *a: calls.append(1) or expand(*a)
+    none = propose_tree(layer, cache, root, 1000, 3, keep_going=lambda path: False)
+    assert not calls and none.tokens
+    assert none.tokens == [full.tokens[i] for i in range(len(full.tokens)) if full.parents[i] < 0]
+    assert none.parents == [-1] * len(none.tokens)
 
 
 def test_layer_states_are_every_fed_token_and_read_equals_forward():

@@ -1,7 +1,8 @@
 """`Proposer`: step 1 of a round, who drafts and what (`engine.Engine.step` makes one a step).
 
 For one request (`propose`): with a fixed k, its drafter's draft of up to k tokens; with
-k="auto", the offers of the cheap drafters the controller asks (`Controller.asks`) first, then
+k="auto", the offers of the cheap drafters the controller asks (`Controller.asks`; each drawn
+by its rule, `Controller.offer_stopper`) first, then
 the controller's plan (a drafter and a length, or plain decoding: k = 0), then that drafter's
 draft. For a batch (`propose_all`): every request's proposal, and with k="auto", where the
 controller finds it pays, its joint plan in which every sequence brings the same number of
@@ -116,7 +117,8 @@ class Proposer:
             n = self.controller.offer_length(d, r.id, longest) if d.cheap and room > 0 else 0
             if n:
                 asked[d.name] = n
-                got = drafter_call(r, d, d.propose, r.seq, r.context, n, r.params, r.sampler)
+                stop = self.controller.offer_stopper(d, r.id, n, batch)
+                got = drafter_call(r, d, d.propose, r.seq, r.context, n, r.params, r.sampler, stop)
                 offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
         confidences = {n: o.scores() for n, o in offers.items()}

@@ -26,7 +26,9 @@ Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, an
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
 whose offer is not free (the eagle layer's: its read and a layer call a level) is
 asked only while it drafts, while it pays on the request's average, or every probe gap
-(`asks`), and for no more tokens than its best plan on that average and one (`offer_length`).
+(`asks`), and for no more tokens than its best plan on that average and one (`offer_length`);
+it grows the offer (the layer's tree, a level a call) only beneath a path that the mid-round
+rule below, with plain decoding's goodput, says some plan could pay for (`offer_stopper`).
 A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
 is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
@@ -241,6 +243,16 @@ class Controller:
         m, _, _ = self._best_length(d.name, self.estimates[d.name].request_alpha(rid, longest), Batch())
         return min(longest, max(m, 1) + 1)
 
+    def offer_stopper(self, d: Drafter, rid: str, tokens: int, batch: Batch) -> KeepGoing | None:
+        """The rule a cheap drafter's offer of `tokens` drafts by where it draws its tokens
+        one call at a time (a tree's level): what `_stopper` says with plain decoding's
+        goodput, which any plan taken must beat, so no token it cuts could enter a plan that
+        pays. None where the offer is free."""
+        if self._free_offer(d, tokens):
+            return None
+        plain_g = (batch.expected + 1.0) / self.pricing.round_ms(None, 0, batch)
+        return self._stopper(d.name, rid, MARGIN * plain_g, tokens, batch)
+
     def _free_offer(self, d: Drafter, tokens: int) -> bool:
         """Whether an offer of `tokens` from `d` costs under OFFER_FREE of a plain round, as
         the drafter's measured ms a token price it."""
@@ -336,13 +348,15 @@ class Controller:
         return None
 
     def _stopper(self, name: str, rid: str, g: float, cap: int, batch: Batch) -> KeepGoing:
-        """The mid-round rule for a drafter that drafts token by token."""
+        """The mid-draft rule: whether to draft beneath a path of i tokens (their confidences,
+        each given the one before): for some m > i, E(m) - E(i) > G·(C(m) - C(i)), with the
+        path's acceptances calibrated and the request's α past it."""
         st = self.estimates[name]
-        known: list[float] = []
 
-        def keep_going(i: int, confidence: float) -> bool:
-            known.append(st.calibrated(confidence, i - 1, st.request_alpha(rid, i)[i - 1]))
-            a = known + st.request_alpha(rid, cap)[i:]
+        def keep_going(path: Sequence[float]) -> bool:
+            i = len(path)
+            alpha = st.request_alpha(rid, cap)
+            a = [st.calibrated(c, j, alpha[j]) for j, c in enumerate(path[:cap])] + alpha[i:]
             e = expected_tokens(a)
             c_i = self.pricing.round_ms(name, i, batch)
             return any(

@@ -91,8 +91,8 @@ def _tree_or_chain(parents: list[int]) -> list[int] | None:
 
 
 KeepGoing = Callable[
-    [int, float], bool
-]  # (tokens drafted so far, confidence of the last) -> go on?
+    [Sequence[float]], bool
+]  # (the confidences of a draft path so far, each given the token before it) -> draft beneath?
 
 
 @runtime_checkable
@@ -127,8 +127,9 @@ class Drafter(Protocol):
         keep_going: KeepGoing | None = None,
     ) -> Draft:
         """Up to k tokens to follow `context` (the prompt and every committed token).
-        A drafter that drafts one token at a time asks `keep_going` after each one and stops
-        when it says no."""
+        A drafter that drafts one token at a time asks `keep_going` after each one (with the
+        confidences drafted so far) and stops when it says no; one that drafts a tree asks it
+        of a node (with the confidences along its path) before drafting its children."""
         ...
 
     def commit(self, seq: int, accepted: int, emitted: Sequence[int]) -> None:

@@ -204,7 +204,7 @@ class EagleDrafter:
         root = s.layer.read(s.cache, states, context[first + 1 : cached + 1], copies)
         s.read = cached
         tree = propose_tree(s.layer, s.cache, root, k, self.beam if self._trees else 1,
-                            s.index.after)
+                            s.index.after, keep_going)
         chain = all(q == i - 1 for i, q in enumerate(tree.parents))
         return Draft(tree.tokens, None, tree.confidence, None if chain else tree.parents)
 

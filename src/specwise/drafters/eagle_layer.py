@@ -46,7 +46,8 @@ children, in one call of the layer (each node reading its copy: that of the cont
 by its path, `NgramIndex.after`); after `depth` levels every node is ranked by its
 cumulative probability and the draft is the best k of them, a parent before its children
 (its cumulative probability is at least theirs). So the draft's first m tokens are the best
-m-token tree (a node below `FLOOR` gets no children, so an unsure layer spends little; and
+m-token tree (a node below `FLOOR`, or one whose children no plan could pay for by the
+controller's rule, `keep_going`, gets no children, so an unsure layer spends little; and
 no level is drafted once the k-th best node is at least as likely as any child could be, so
 a short draft costs only its levels: a 1-token draft is the root's alone): the
 controller, which takes a prefix of an offer, sizes the tree from the
@@ -510,13 +511,17 @@ class Tree:
 def propose_tree(
     layer: Layer, cache: Cache, root, k: int, beam: int,
     follow: Callable[[list[int]], tuple[int, int]] | None = None,
+    keep_going: Callable[[Sequence[float]], bool] | None = None,
 ) -> Tree:
     """The best k-token tree (module docstring) grown from `root` (`Layer.read`'s feature [w],
     predicted state [d] and depth-1 logits [len(ids) + 1], torch), expanding `beam` nodes a
     level with `beam` children each, for `layer.depth` levels; beam 1: the best chain.
     `follow`: a draft path (target ids from the root's child down; [] for the root) -> its
     copy (target id, n), as `NgramIndex.after` gives it over the committed context (None: no
-    copies, so the copy slot names nothing)."""
+    copies, so the copy slot names nothing). `keep_going`: a node's path (the confidences from
+    the root's child down to it) -> whether it may have children (`drafters.base.KeepGoing`;
+    the controller's: whether any plan could pay for them); a level none may grow is not
+    drafted."""
     import torch
 
     net = cache.net
@@ -545,13 +550,14 @@ def propose_tree(
         parent_row = list(range(len(level)))  # each level node's row in feats / chains
         for depth in range(2, layer.depth + 1):
             best = [i for i in sorted(level, key=lambda i: -nodes[i][4])[:beam]
-                    if nodes[i][4] >= FLOOR]
+                    if nodes[i][4] >= FLOOR
+                    and (keep_going is None or keep_going(_along(nodes, i, 3)))]
             if not best or (len(nodes) >= k and _kth(nodes, k) >= nodes[best[0]][4]):
                 break  # no node worth a child, or no child could enter the best k
             rows = [parent_row[level.index(i)] for i in best]
             toks = torch.tensor([nodes[i][1] for i in best])
             copies = None if follow is None else list(zip(
-                *(follow(_path(nodes, i)) for i in best), strict=True))
+                *(follow(_along(nodes, i, 2)) for i in best), strict=True))
             c, n = layer.copy_inputs(copies, len(best))
             a, st, lg, ck, cv = net.expand(
                 feats[rows], states[rows], toks, c, n, cache, chain_k[rows], chain_v[rows]
@@ -575,11 +581,12 @@ def propose_tree(
     return tree
 
 
-def _path(nodes: Sequence[tuple[int, int, int, float, float, int]], i: int) -> list[int]:
-    """The target ids from the root's child down to node i."""
+def _along(nodes: Sequence[tuple[int, int, int, float, float, int]], i: int, field: int) -> list:
+    """A field of every node from the root's child down to node i (2: target ids, 3:
+    confidences)."""
     out = []
     while i >= 0:
-        out.append(nodes[i][2])
+        out.append(nodes[i][field])
         i = nodes[i][0]
     return out[::-1]
 

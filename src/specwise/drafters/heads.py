@@ -389,7 +389,7 @@ class HeadsDrafter:
             conf.append(c)
             if q is not None:
                 qs.append(q)
-            if keep_going is not None and not keep_going(len(tokens), c):
+            if keep_going is not None and not keep_going(conf):
                 break
         return Draft(tokens, np.stack(qs) if qs else None, conf)
 

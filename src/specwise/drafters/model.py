@@ -195,7 +195,7 @@ class ModelDrafter:
             if i < len(guess) and x != guess[i]:  # the guess ends here: drop its rest
                 self.lm.truncate(seq, len(ids) + i)
                 rows = rows[: i + 1]
-            if i + 1 == k or (keep_going is not None and not keep_going(i + 1, conf[-1])):
+            if i + 1 == k or (keep_going is not None and not keep_going(conf)):
                 break
             feed = [x]
         if self.lm.length(seq) > len(ids) + len(drafted):  # guessed tokens never drafted
