@@ -256,6 +256,56 @@ def test_a_cheap_drafter_whose_offer_costs_is_asked_while_it_pays_or_to_probe():
         ctl.plan("t", room=15, offers={})
 
 
+def test_an_offer_is_priced_at_what_the_engine_measured_it_cost():
+    """A cheap drafter's own measurement can miss what its offers cost in the engine (the
+    layer's read, its weights fetched after each target call): the offers' measured time
+    beyond ms a token times tokens asked is learnt (`CostModel.observe_offer`), and an offer
+    that paid on the request's average at its own price is no longer asked once it is known
+    to cost more than it brings; a free-looking one stops being free."""
+    eagle = Named("eagle", True)
+    ctl = Controller([eagle], costs(LINEAR, {"eagle": 0.01}))
+    ctl.set_prior("eagle", [0.5] * 15)
+    ctl.plan("r", room=15, offers={})  # plain: the layer sits idle, asked on its average
+    assert ctl.costs.offer_cost("eagle", 3) == pytest.approx(0.03)
+    assert ctl.offer_stopper(eagle, "r", 3, Batch()) is None  # free: under 5% of 10 ms
+    assert ctl.asks(eagle, "r", 3)
+    for _ in range(50):
+        ctl.costs.observe_offer("eagle", 3, 6.03)  # 6 ms an offer beyond its 0.01 a token
+    assert ctl.costs.offer_ms["eagle"] == pytest.approx(6.0, rel=1e-3)
+    assert ctl.costs.offer_cost("eagle", 3) == pytest.approx(6.03, rel=1e-3)
+    assert ctl.offer_stopper(eagle, "r", 3, Batch()) is not None
+    assert not ctl.asks(eagle, "r", 3)
+    ctl.costs.observe_offer("eagle", 3, 0.0)  # never below nothing
+    assert ctl.costs.offer_ms["eagle"] > 0
+    again = CostModel.from_json(ctl.costs.to_json())
+    assert again.offer_ms == ctl.costs.offer_ms
+
+
+class SlowOffer(StubDrafter):
+    """A cheap drafter whose offers take 8 ms the engine measures, whatever its own
+    measurement says (0.01 ms a token)."""
+
+    name, cheap, fingerprint = "slow", True, "slow"
+
+    def propose(self, seq, context, k, params, sampler, keep_going=None):
+        time.sleep(0.008)
+        return Draft([0] * k, None, [0.5] * k)
+
+    def measure_cost(self):
+        return 0.01, 0.0
+
+
+def test_the_engine_learns_what_a_cheap_drafters_offers_cost():
+    lm = ToyLM(vocab=12, seed=0, delay_ms=(4.0, 2.0))
+    d = SlowOffer()
+    ctl = Controller([d], costs({n: 4.0 + 2.0 * n for n in range(1, 17)}, {"slow": 0.01}))
+    engine = Engine(lm, [d], k="auto", controller=ctl)
+    res = engine.generate([1, 2, 3], SamplingParams(max_tokens=12))
+    asked = [r.offers["slow"] for r in res.rounds if r.offers and "slow" in r.offers]
+    assert asked  # its first offer is asked (it has drafted nothing yet)
+    assert 7.0 < ctl.costs.offer_ms["slow"] < 40.0  # sleep(8 ms), less 0.01 ms a token
+
+
 def test_a_costly_offer_is_asked_only_as_long_as_a_plan_would_take():
     """A free offer is asked in full; one paid for by the token is asked for the draft length
     the request's acceptance makes best, and one more; one not asked is 0 tokens long."""

@@ -129,14 +129,22 @@ Pass = tuple[int, int]  # one pass of the target inside a call: (sequences, toke
 
 @dataclass
 class CostModel:
-    """The costs the controller plans with: target curve, drafter ms per token, overhead, and
-    the observed cost of passes over several sequences."""
+    """The costs the controller plans with: target curve, drafter ms per token, overhead, the
+    observed cost of passes over several sequences, and what a cheap drafter's offer costs in
+    the engine beyond its ms per token times the tokens asked (`offer_ms`: learnt from the
+    offers made, `observe_offer`; a layer's read, and its weights fetched again after each
+    target call, which its own measurement, run alone, does not see)."""
 
     target: CostCurve
     draft_ms_per_token: dict[str, float] = field(default_factory=dict)
     overhead_ms: float = 0.5
     catch_up_ms_per_token: dict[str, float] = field(default_factory=dict)
     batched: dict[Pass, float] = field(default_factory=dict)
+    offer_ms: dict[str, float] = field(default_factory=dict)
+
+    def offer_cost(self, drafter: str, tokens: int) -> float:
+        """Milliseconds of an offer of `tokens` from the cheap drafter `drafter`."""
+        return self.draft_ms_per_token.get(drafter, 0.0) * tokens + self.offer_ms.get(drafter, 0.0)
 
     def pass_ms(self, seqs: int, tokens: int) -> float:
         """One pass of `seqs` sequences with `tokens` tokens each."""
@@ -169,6 +177,11 @@ class CostModel:
     def observe_overhead(self, ms: float) -> None:
         self.overhead_ms = (1 - EMA) * self.overhead_ms + EMA * ms
 
+    def observe_offer(self, drafter: str, tokens: int, ms: float) -> None:
+        """Blend one offer's time (`tokens` asked, `ms` taken) into the drafter's `offer_ms`."""
+        extra = ms - self.draft_ms_per_token.get(drafter, 0.0) * tokens
+        blend(self.offer_ms, drafter, max(0.0, extra))
+
     # -- persistence -------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
@@ -177,6 +190,7 @@ class CostModel:
             "overhead_ms": self.overhead_ms,
             "catch_up_ms_per_token": self.catch_up_ms_per_token,
             "batched": [[s, n, ms] for (s, n), ms in sorted(self.batched.items())],
+            "offer_ms": self.offer_ms,
         }
 
     @classmethod
@@ -189,6 +203,7 @@ class CostModel:
                 k: float(v) for k, v in data.get("catch_up_ms_per_token", {}).items()
             },
             batched={(int(s), int(n)): float(ms) for s, n, ms in data.get("batched", [])},
+            offer_ms={k: float(v) for k, v in data.get("offer_ms", {}).items()},
         )
 
     def save(self, path: Path) -> None:

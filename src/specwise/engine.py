@@ -463,6 +463,8 @@ class Engine:
             d = p.drafter
             if d is not None and not d.cheap and p.lag <= 1:  # not a catch-up round
                 costs.observe_draft(d.name, len(p.draft.tokens), p.ms)
+            for name, ms in p.offer_ms.items():
+                costs.observe_offer(name, p.asked[name], ms)
 
     def _record(
         self,

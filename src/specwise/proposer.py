@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specwise.backends.base import LM
 from specwise.controller import Batch, Controller, Offered, Plan
@@ -48,6 +48,7 @@ class Proposal:
     plan: Plan | None = None
     offers: dict[str, Draft] = field(default_factory=dict)
     asked: dict[str, int] = field(default_factory=dict)  # tokens asked of each cheap drafter
+    offer_ms: dict[str, float] = field(default_factory=dict)  # and the ms its offer took
     lag: int = 0
     ms: float = 0.0
     padded: int = 0
@@ -111,13 +112,16 @@ class Proposer:
         # The cheap drafters the controller asks propose first; it then picks a drafter and length.
         offers: dict[str, Draft] = {}
         asked: dict[str, int] = {}
+        offer_ms: dict[str, float] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:
             n = self.controller.offer_length(d, r.id, longest) if d.cheap and room > 0 else 0
             if n:
                 asked[d.name] = n
                 stop = self.controller.offer_stopper(d, r.id, n, batch)
+                t = time.perf_counter()
                 got = drafter_call(r, d, d.propose, r.seq, r.context, n, r.params, r.sampler, stop)
+                offer_ms[d.name] = (time.perf_counter() - t) * _ms
                 offers[d.name] = got or none.draft
         lags = {d.name: d.lag(r.seq, r.context) for d in allowed if not d.cheap}
         confidences = {n: o.scores() for n, o in offers.items()}
@@ -132,14 +136,15 @@ class Proposer:
             trees={n: o.parents for n, o in offers.items()},
         )
         d = plan.drafter
+        made = Proposal(None, none.draft, plan, offers=offers, asked=asked, offer_ms=offer_ms)
         if d is None or r.drafter_errors:
-            return Proposal(None, none.draft, plan, offers=offers, asked=asked)
+            return made
         if d.cheap:
-            return Proposal(d, offers[d.name].prefix(plan.k_max), plan, offers=offers, asked=asked)
+            return replace(made, drafter=d, draft=offers[d.name].prefix(plan.k_max))
         draft = drafter_call(
             r, d, d.propose, r.seq, r.context, plan.k_max, r.params, r.sampler, plan.keep_going
         )
-        return Proposal(d, draft or none.draft, plan, offers=offers, asked=asked, lag=lags[d.name])
+        return replace(made, drafter=d, draft=draft or none.draft, lag=lags[d.name])
 
     def propose_all(self, live: Sequence[Request]) -> tuple[list[Proposal], int, bool]:
         """Step 1 for the batch: each request's proposal, then (k="auto", several requests)

@@ -8,8 +8,9 @@ every logits row puts all its weight on the recorded next token: each round prop
 verifies and commits as it would on the target at temperature 0, where the answers agree, and
 is priced as the controller prices it (`Pricing.round_ms`, with the costs held at their
 measured values: `frozen`), with every offer the controller asked a cheap drafter for (paid
-whether taken or not: the round trace's `offers`) at its measured ms a token times the tokens
-asked. `hindsight` takes at each position the accepted prefix of any drafter's offer whose
+whether taken or not: the round trace's `offers`) at its cost (`CostModel.offer_cost`: its
+measured ms a token times the tokens asked, and what its offers cost beyond that in the
+engine, where `costs` hold it). `hindsight` takes at each position the accepted prefix of any drafter's offer whose
 round pays best: what deciding when, with which drafter and how far to draft could get from
 these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same
 way, so a replay's speedups are ratios of priced times, free of the machine's noise: what the
@@ -204,12 +205,16 @@ class _Frozen(CostModel):
     def observe_overhead(self, ms: float) -> None:
         return None
 
+    def observe_offer(self, drafter: str, tokens: int, ms: float) -> None:
+        return None
+
 
 def frozen(costs: CostModel) -> CostModel:
     """A copy of `costs` that stays at its values however rounds run."""
     c = copy.deepcopy(costs)
     return _Frozen(
-        c.target, c.draft_ms_per_token, c.overhead_ms, c.catch_up_ms_per_token, c.batched
+        c.target, c.draft_ms_per_token, c.overhead_ms, c.catch_up_ms_per_token, c.batched,
+        c.offer_ms,
     )
 
 
@@ -252,7 +257,6 @@ def replay(
     controller = Controller(drafters, frozen(costs))
     engine = Engine(lm, list(drafters), k="auto", controller=controller)  # type: ignore[arg-type]
     pricing = controller.pricing
-    per = costs.draft_ms_per_token
     out = []
     for rec in recordings:
         lm.play(rec)
@@ -264,7 +268,7 @@ def replay(
         # its trace records them (a draft is a prefix of one: counted once)
         priced = [pricing.round_ms(None, r.proposed, Batch()) for r in rounds]
         offered = sum(
-            per.get(name, 0.0) * n for r in res.rounds for name, n in (r.offers or {}).items()
+            costs.offer_cost(name, n) for r in res.rounds for name, n in (r.offers or {}).items()
         )
         drafted = [r for r in rounds if r.drafter is not None]
         planned = [(r, pricing.round_ms(r.drafter, r.proposed, Batch())) for r in rounds

@@ -24,8 +24,8 @@ batch size, planning backs off (`Backoff`).
 
 Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, and the
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
-whose offer is not free (the eagle layer's: its read and a layer call a level) is
-asked only while it drafts, while it pays on the request's average, or every probe gap
+whose offer is not free (the eagle layer's: its read and a layer call a level, priced as the
+engine has measured its offers, `CostModel.offer_cost`) is asked only while it drafts, while it pays on the request's average, or every probe gap
 (`asks`), and for no more tokens than its best plan on that average and one (`offer_length`);
 it grows the offer (the layer's tree, a level a call) only beneath a path that the mid-round
 rule below, with plain decoding's goodput, says some plan could pay for (`offer_stopper`).
@@ -210,13 +210,14 @@ class Controller:
         """Whether to ask the cheap drafter `d` for an offer of up to `longest` tokens in
         request `rid`'s round (the offer is made before the plan, so it is paid for whether
         taken or not). Always where the offer is free (under OFFER_FREE of a plain round, as
-        the drafter's measured ms a token price it); else where the drafter drafted the
-        request's last round (or it has none yet), where on the request's average so far it
-        pays with the offer's cost counted, or every probe gap (PROBE_FIRST, doubling while
-        its probes lose) while it sits idle."""
+        `CostModel.offer_cost` prices it: the drafter's measured ms a token and what its
+        offers cost beyond that in the engine); else where the drafter drafted the request's
+        last round (or it has none yet), where on the request's average so far it pays with
+        the offer's cost counted, or every probe gap (PROBE_FIRST, doubling while its probes
+        lose) while it sits idle."""
         plain = self.pricing.round_ms(None, 0, Batch())
         per = self.costs.draft_ms_per_token.get(d.name, 0.0)
-        offer = per * longest
+        offer = self.costs.offer_cost(d.name, longest)
         st = self.estimates[d.name]
         idle = st.idle.get(rid, 0)
         if self._free_offer(d, longest) or idle == 0:
@@ -255,9 +256,9 @@ class Controller:
 
     def _free_offer(self, d: Drafter, tokens: int) -> bool:
         """Whether an offer of `tokens` from `d` costs under OFFER_FREE of a plain round, as
-        the drafter's measured ms a token price it."""
-        per = self.costs.draft_ms_per_token.get(d.name, 0.0)
-        return per * tokens <= OFFER_FREE * self.pricing.round_ms(None, 0, Batch())
+        `CostModel.offer_cost` prices it."""
+        offer = self.costs.offer_cost(d.name, tokens)
+        return offer <= OFFER_FREE * self.pricing.round_ms(None, 0, Batch())
 
     def unplanned(self, calls: Sequence[tuple[int, int]]) -> Plan | None:
         """None: plan this step of a batch, whose sequences bring (seq, 1) each. Otherwise
