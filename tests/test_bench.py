@@ -185,22 +185,26 @@ def test_report_arithmetic_on_hand_made_records():
 
 
 def test_the_report_counts_the_offers_asked_and_those_drafted_from():
-    """Every offer a round asked for is counted against its drafter, drafted from or not."""
+    """Every offer a round asked for is counted against its drafter, drafted from or not, with
+    the median time an offer took where the rounds recorded it."""
     recs = [record("plain", "a", 100, 1500, 500), record("auto", "a", 100, 1000, 500)]
     rounds = [
-        {**ROUND, "drafter": "eagle", "proposed": 3, "offers": {"eagle": 4, "ngram": 16}},
-        {**ROUND, "drafter": None, "proposed": 0, "accepted": 0, "offers": {"eagle": 2, "ngram": 16}},
+        {**ROUND, "drafter": "eagle", "proposed": 3, "offers": {"eagle": 4, "ngram": 16},
+         "offer_ms": {"eagle": 5.0, "ngram": 0.2}},
+        {**ROUND, "drafter": None, "proposed": 0, "accepted": 0, "offers": {"eagle": 2, "ngram": 16},
+         "offer_ms": {"eagle": 4.0, "ngram": 0.4}},
         {**ROUND, "drafter": "ngram", "proposed": 5, "offers": {"ngram": 16}},
     ]
     rounds = [{**r, "config": "auto | T=0"} for r in rounds]
     rep = build(recs, rounds, {"command": "test"})
     f = rep.figures["code"]["T=0"]["auto"]
     assert f["offers"] == {
-        "eagle": {"rounds": 2, "taken": 0.5, "asked": 3.0, "drafted": 1.5},
-        "ngram": {"rounds": 3, "taken": 1 / 3, "asked": 16.0, "drafted": 5 / 3},
+        "eagle": {"rounds": 2, "taken": 0.5, "asked": 3.0, "drafted": 1.5, "ms": 4.5},
+        "ngram": {"rounds": 3, "taken": 1 / 3, "asked": 16.0, "drafted": 5 / 3,
+                  "ms": pytest.approx(0.3)},
     }
-    assert ("- auto: eagle asked in 2 rounds, 3.0 tokens a round; drafted from in 50% of them, "
-            "1.5 tokens a round") in rep.markdown()
+    assert ("- auto: eagle asked in 2 rounds, 3.0 tokens a round, 4.50 ms an offer (median); "
+            "drafted from in 50% of them, 1.5 tokens a round") in rep.markdown()
 
 
 def test_a_baseline_on_another_backend_is_timed_compared_and_never_recommended():

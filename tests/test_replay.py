@@ -208,6 +208,13 @@ def test_the_command_refuses_sets_it_cannot_replay(capsys):
     assert "--max-tokens 1 is invalid" in capsys.readouterr().err
     assert main(["bench", "replay", "--sets", "sufix"]) == 2
     assert "unknown drafter 'sufix'" in capsys.readouterr().err
+    assert main(["bench", "replay", "--offer-ms", "ngram:4"]) == 2
+    assert "--offer-ms 'ngram:4' is invalid; use NAME=MS" in capsys.readouterr().err
+    assert main(["bench", "replay", "--offer-ms", "ngram=-1"]) == 2
+    assert "--offer-ms 'ngram=-1' is invalid" in capsys.readouterr().err
+    assert main(["bench", "replay", "--offer-ms", "eagle=4"]) == 2
+    assert "--offer-ms names eagle, which no set drafts with; use one of ngram" in (
+        capsys.readouterr().err)
 
 
 def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
@@ -239,3 +246,9 @@ def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
     assert [p.rounds for p in paid] == [p.rounds for p in free] and sum(asked) > 20
     extra = sum(p.ms for p in paid) - sum(p.ms for p in free)
     assert extra == pytest.approx(c * sum(asked), rel=1e-6)
+    offers = sum(n > 0 for n in asked)
+    asked.clear()
+    costs.offer_ms["ngram"] = 2e-6  # and what each offer costs beyond its tokens
+    paid = replay(target, recs, make_drafters(["ngram"]), costs)
+    extra = sum(p.ms for p in paid) - sum(p.ms for p in free)
+    assert extra == pytest.approx(c * sum(asked) + 2e-6 * offers, rel=1e-6)

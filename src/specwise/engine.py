@@ -509,6 +509,7 @@ class Engine:
             depth=None if p.draft.parents is None else p.draft.depth(),
             acceptance=None if r.acceptance == EXACT else r.acceptance,
             offers=None if plan is None else dict(p.asked),
+            offer_ms=None if plan is None else {n: round(ms, 3) for n, ms in p.offer_ms.items()},
         )
         r.rounds.append(rt)
         r.clock = now

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import resource
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -78,8 +79,9 @@ class RoundTrace:
     depth: int | None = None  # a tree draft's longest path; None: a chain (depth = proposed)
     acceptance: str | None = None  # the lossy rule its request ran under (`lossy`); None: exact
     # Tokens asked of each cheap drafter before the plan, taken or not (paid for either way, in
-    # draft_ms); None when k was fixed.
+    # draft_ms), and the ms each offer took; None when k was fixed.
     offers: dict[str, int] | None = None
+    offer_ms: dict[str, float] | None = None
 
     @property
     def reach(self) -> int:
@@ -122,9 +124,11 @@ def tree_figures(rounds: Iterable[RoundTrace]) -> dict[str, float] | None:
 
 def offer_figures(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]] | None:
     """For each cheap drafter asked for an offer before a plan (`RoundTrace.offers`): the rounds
-    that asked it, the share of them that drafted from its offer, and the tokens asked and
-    drafted from it, a round that asked; None when no round asked any."""
+    that asked it, the share of them that drafted from its offer, the tokens asked and drafted
+    from it, a round that asked, and the median ms an offer took (None where not recorded);
+    None when no round asked any."""
     seen: dict[str, list[int]] = {}  # name -> [rounds, taken, tokens asked, tokens drafted]
+    ms: dict[str, list[float]] = {}
     for r in rounds:
         for name, n in (r.offers or {}).items():
             x = seen.setdefault(name, [0, 0, 0, 0])
@@ -133,10 +137,13 @@ def offer_figures(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]] |
             x[1] += taken
             x[2] += n
             x[3] += r.proposed if taken else 0
+            if r.offer_ms and name in r.offer_ms:
+                ms.setdefault(name, []).append(r.offer_ms[name])
     if not seen:
         return None
     return {
-        name: {"rounds": n, "taken": taken / n, "asked": asked / n, "drafted": drafted / n}
+        name: {"rounds": n, "taken": taken / n, "asked": asked / n, "drafted": drafted / n,
+               "ms": statistics.median(ms[name]) if name in ms else None}
         for name, (n, taken, asked, drafted) in seen.items()
     }
 

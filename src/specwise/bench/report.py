@@ -265,10 +265,12 @@ def _tree_lines(by_spec: dict[str, dict]) -> list[str]:
 
 def _offer_lines(by_spec: dict[str, dict]) -> list[str]:
     """A sentence per configuration and cheap drafter asked for offers before its plans: how
-    often, and how much of what was asked (and paid for) was drafted from."""
+    often, what an offer took, and how much of what was asked (and paid for) was drafted
+    from."""
     out = [
-        f"- {spec}: {name} asked in {o['rounds']} rounds, {o['asked']:.1f} tokens a round; "
-        f"drafted from in {100 * o['taken']:.0f}% of them, {o['drafted']:.1f} tokens a round"
+        f"- {spec}: {name} asked in {o['rounds']} rounds, {o['asked']:.1f} tokens a round"
+        + ("" if o.get("ms") is None else f", {o['ms']:.2f} ms an offer (median)")
+        + f"; drafted from in {100 * o['taken']:.0f}% of them, {o['drafted']:.1f} tokens a round"
         for spec, f in by_spec.items()
         for name, o in (f.get("offers") or {}).items()
     ]

@@ -47,6 +47,7 @@ def _bench_replay(a: argparse.Namespace) -> int:
             raise refuse(n)
     if a.max_tokens < 2:
         raise UsageError(f"--max-tokens {a.max_tokens} is invalid; use an integer >= 2")
+    extra = _offer_ms(a.offer_ms, names)
     prompts = interleaved(_bench_prompts(a))  # the categories mixed, as a server sees them
     options = _drafter_options(a, names)
     drafters = [make_drafter(n, **options[n]) for n in names]
@@ -61,6 +62,7 @@ def _bench_replay(a: argparse.Namespace) -> int:
     # states it reads (every set, and plain decoding, at those costs)
     target, _ = _load_models(a, need_draft=False, hidden=layers or False)
     costs = calibrated(target, drafters)
+    costs.offer_ms.update(extra)
     out = Path(a.out) if a.out else default_out("-replay")
     bars: list = []
 
@@ -123,6 +125,30 @@ def _bench_answers(a: argparse.Namespace, prompts: list, layers: tuple[int, ...]
     return recordings
 
 
+def _offer_ms(value: str | None, names: list[str]) -> dict[str, float]:
+    """--offer-ms 'NAME=MS,...' -> {NAME: MS}, or UsageError naming what is wrong."""
+    out: dict[str, float] = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        name, _, ms = item.partition("=")
+        try:
+            out[name.strip()] = float(ms)
+        except ValueError:
+            out[name.strip()] = -1.0
+        if out[name.strip()] < 0 or not name.strip():
+            raise UsageError(
+                f"--offer-ms {item.strip()!r} is invalid; use NAME=MS with MS a number >= 0, "
+                "e.g. eagle=4.3"
+            )
+        if name.strip() not in names:
+            raise UsageError(
+                f"--offer-ms names {name.strip()}, which no set drafts with; use one of "
+                f"{', '.join(names)}"
+            )
+    return out
+
+
 def add_parser(bsub: argparse._SubParsersAction) -> None:
     """`bench replay` and its flags."""
     bv = bsub.add_parser(
@@ -143,5 +169,12 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     bv.add_argument("--prompts", help="a JSONL file of prompts instead of the shipped ones")
     bv.add_argument("--limit", type=int, help="prompts per category")
     bv.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (256)")
+    bv.add_argument(
+        "--offer-ms",
+        help="what an offer of a cheap drafter costs in the engine beyond its ms a token times "
+        "the tokens asked, as the engine learns it (e.g. 'eagle=4.3': the median ms an offer "
+        "took in `specwise bench`'s report, less its ms a token times the tokens asked a "
+        "round); default: nothing beyond, its own measurement alone",
+    )
     bv.add_argument("--out", help="output folder (default bench-results/<timestamp>-replay)")
     bv.set_defaults(func=_bench_replay)
