@@ -25,9 +25,9 @@ batch size, planning backs off (`Backoff`).
 Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, and the
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
 whose offer is not free (the eagle layer's: its read and a layer call a level, priced as the
-engine has measured its offers, `CostModel.offer_cost`) is asked only while it drafts, while it pays on the request's average, or every probe gap
-(`asks`), and for no more tokens than its best plan on that average and one (`offer_length`);
-it grows the offer (the layer's tree, a level a call) only beneath a path that the mid-round
+engine has measured its offers, `CostModel.offer_cost`) is asked only while it drafts, while
+it pays on the request's average, or every probe gap (`asks`), and for no more tokens than its
+best plan on that average and one (`offer_length`); it grows the offer (the layer's tree, a level a call) only beneath a path that the mid-round
 rule below, with plain decoding's goodput, says some plan could pay for (`offer_stopper`).
 A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
