@@ -27,8 +27,9 @@ controller takes the best prefix. An offer is paid for whether taken or not, so 
 whose offer is not free (the eagle layer's: its read and a layer call a level, priced as the
 engine has measured its offers, `CostModel.offer_cost`) is asked only while it drafts, while
 it pays on the request's average, or every probe gap (`asks`), and for no more tokens than its
-best plan on that average and one (`offer_length`); it grows the offer (the layer's tree, a level a call) only beneath a path that the mid-round
-rule below, with plain decoding's goodput, says some plan could pay for (`offer_stopper`).
+best plan on that average and one (`offer_length`); it grows the offer (the layer's tree, a
+level a call) only beneath a path that the mid-round rule below, with plain decoding's
+goodput, says some plan could pay for (`offer_stopper`).
 A model drafter that has fallen behind the context (it is prefilled only once chosen)
 must first catch up; that one-time cost is spread over the tokens the request has left, so it
 is chosen only when it can pay the catch-up back; it stops mid-round as soon as no longer draft
