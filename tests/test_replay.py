@@ -212,6 +212,8 @@ def test_the_command_refuses_sets_it_cannot_replay(capsys):
     assert "--offer-ms 'ngram:4' is invalid; use NAME=MS" in capsys.readouterr().err
     assert main(["bench", "replay", "--offer-ms", "ngram=-1"]) == 2
     assert "--offer-ms 'ngram=-1' is invalid" in capsys.readouterr().err
+    assert main(["bench", "replay", "--offer-ms", "ngram=nan"]) == 2
+    assert "--offer-ms 'ngram=nan' is invalid" in capsys.readouterr().err
     assert main(["bench", "replay", "--offer-ms", "eagle=4"]) == 2
     assert "--offer-ms names eagle, which no set drafts with; use one of ngram" in (
         capsys.readouterr().err)

@@ -3,10 +3,10 @@
 For one request (`propose`): with a fixed k, its drafter's draft of up to k tokens; with
 k="auto", the offers of the cheap drafters the controller asks (`Controller.asks`; each drawn
 by its rule, `Controller.offer_stopper`) first, then the controller's plan (a drafter and a
-length, or plain decoding: k = 0), then that drafter's draft. For a batch (`propose_all`): every request's proposal, and with k="auto", where the
-controller finds it pays, its joint plan in which every sequence brings the same number of
-tokens (`align`: filler after the short drafts, fed but never verified, makes the call one pass
-on llama.cpp); in a batch where the controller finds planning not worth it this step
+length, or plain decoding: k = 0), then that drafter's draft. For a batch (`propose_all`):
+every request's proposal, and with k="auto", where the controller finds it pays, its joint
+plan in which every sequence brings the same number of tokens (`align`: filler after the short
+drafts, fed but never verified, makes the call one pass on llama.cpp); in a batch where the controller finds planning not worth it this step
 (`Controller.unplanned`), every request decodes plainly. `Proposal` records what it decided,
 for the rest of the round.
 

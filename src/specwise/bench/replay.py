@@ -10,9 +10,9 @@ is priced as the controller prices it (`Pricing.round_ms`, with the costs held a
 measured values: `frozen`), with every offer the controller asked a cheap drafter for (paid
 whether taken or not: the round trace's `offers`) at its cost (`CostModel.offer_cost`: its
 measured ms a token times the tokens asked, and what its offers cost beyond that in the
-engine, where `costs` hold it). `hindsight` takes at each position the accepted prefix of any drafter's offer whose
-round pays best: what deciding when, with which drafter and how far to draft could get from
-these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same
+engine, where `costs` hold it). `hindsight` takes at each position the accepted prefix of any
+drafter's offer whose round pays best: what deciding when, with which drafter and how far to
+draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same
 way, so a replay's speedups are ratios of priced times, free of the machine's noise: what the
 decisions are worth, not how fast a run was (that is `specwise bench`). Temperature 0 only, and
 only cheap drafters (`Drafter.cheap`): a draft model's drafts need its own model run, measured

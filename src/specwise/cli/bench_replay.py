@@ -10,6 +10,7 @@ nothing (rounds are priced at this machine's costs).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -128,22 +129,20 @@ def _bench_answers(a: argparse.Namespace, prompts: list, layers: tuple[int, ...]
 def _offer_ms(value: str | None, names: list[str]) -> dict[str, float]:
     """--offer-ms 'NAME=MS,...' -> {NAME: MS}, or UsageError naming what is wrong."""
     out: dict[str, float] = {}
-    for item in (value or "").split(","):
-        if not item.strip():
-            continue
-        name, _, ms = item.partition("=")
+    for item in filter(None, (x.strip() for x in (value or "").split(","))):
+        name, _, ms = (x.strip() for x in item.partition("="))
         try:
-            out[name.strip()] = float(ms)
+            out[name] = float(ms)
         except ValueError:
-            out[name.strip()] = -1.0
-        if out[name.strip()] < 0 or not name.strip():
+            out[name] = math.nan
+        if not name or not 0 <= out[name] < math.inf:
             raise UsageError(
-                f"--offer-ms {item.strip()!r} is invalid; use NAME=MS with MS a number >= 0, "
+                f"--offer-ms {item!r} is invalid; use NAME=MS with MS a number >= 0, "
                 "e.g. eagle=4.3"
             )
-        if name.strip() not in names:
+        if name not in names:
             raise UsageError(
-                f"--offer-ms names {name.strip()}, which no set drafts with; use one of "
+                f"--offer-ms names {name}, which no set drafts with; use one of "
                 f"{', '.join(names)}"
             )
     return out
