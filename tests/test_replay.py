@@ -200,23 +200,20 @@ def test_the_command_replays_over_the_smallest_model(smollm2_path, tmp_path, cap
 
 
 def test_the_command_refuses_sets_it_cannot_replay(capsys):
-    assert main(["bench", "replay", "--sets", "ngram;model"]) == 2
-    assert "--sets names model, which drafts with a model" in capsys.readouterr().err
-    assert main(["bench", "replay", "--sets", " ; "]) == 2
-    assert "--sets ' ; ' names no drafters" in capsys.readouterr().err
-    assert main(["bench", "replay", "--max-tokens", "1"]) == 2
-    assert "--max-tokens 1 is invalid" in capsys.readouterr().err
-    assert main(["bench", "replay", "--sets", "sufix"]) == 2
-    assert "unknown drafter 'sufix'" in capsys.readouterr().err
-    assert main(["bench", "replay", "--offer-ms", "ngram:4"]) == 2
-    assert "--offer-ms 'ngram:4' is invalid; use NAME=MS" in capsys.readouterr().err
-    assert main(["bench", "replay", "--offer-ms", "ngram=-1"]) == 2
-    assert "--offer-ms 'ngram=-1' is invalid" in capsys.readouterr().err
-    assert main(["bench", "replay", "--offer-ms", "ngram=nan"]) == 2
-    assert "--offer-ms 'ngram=nan' is invalid" in capsys.readouterr().err
-    assert main(["bench", "replay", "--offer-ms", "eagle=4"]) == 2
-    assert "--offer-ms names eagle, which no set drafts with; use one of ngram" in (
-        capsys.readouterr().err)
+    refused = [
+        (["--sets", "ngram;model"], "--sets names model, which drafts with a model"),
+        (["--sets", " ; "], "--sets ' ; ' names no drafters"),
+        (["--max-tokens", "1"], "--max-tokens 1 is invalid"),
+        (["--sets", "sufix"], "unknown drafter 'sufix'"),
+        (["--offer-ms", "ngram:4"], "--offer-ms 'ngram:4' is invalid; use NAME=MS"),
+        (["--offer-ms", "ngram=-1"], "--offer-ms 'ngram=-1' is invalid"),
+        (["--offer-ms", "ngram=nan"], "--offer-ms 'ngram=nan' is invalid"),
+        (["--offer-ms", "eagle=4"],
+         "--offer-ms names eagle, which no set drafts with; use one of ngram"),
+    ]
+    for args, message in refused:
+        assert main(["bench", "replay", *args]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
