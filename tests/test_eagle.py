@@ -147,7 +147,7 @@ def test_drafting_computes_what_the_training_time_test_computes():
         assert not np.allclose(whole[0].numpy(), no_copy[0].numpy(), atol=1e-3)
         for net, tol in ((layer.module, 1e-4), (layer._fast, None)):
             i, at = 7, 0
-            cache = Cache(net, torch.zeros(0, 8, 3), torch.zeros(0, 8, 3))
+            cache = Cache(net, torch.zeros(8, 0, 3), torch.zeros(8, 0, 3))
             for m in (1, 3, 4):
                 a, st, lg = net.read(
                     torch.from_numpy(s[at : at + m]), torch.from_numpy(layer.index(t[at : at + m])),

@@ -164,7 +164,7 @@ class Layer:
         if self._fast is None:
             self.publish()
         heads, d = ATTENTION_HEADS, self.width // ATTENTION_HEADS
-        return Cache(self._fast, torch.zeros(0, heads, d), torch.zeros(0, heads, d))
+        return Cache(self._fast, torch.zeros(heads, 0, d), torch.zeros(heads, 0, d))
 
     def read(self, cache: Cache, states: np.ndarray, tokens: Sequence[int],
              copies: tuple[Sequence[int], Sequence[int]] | None = None):
@@ -281,9 +281,10 @@ def projected(embedding: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass
 class Cache:
-    """The layer's keys and values for one sequence's committed positions: buffers [capacity,
-    heads, width / heads] (torch tensors) whose first n rows are filled, by `net` (the int8
-    copy of the weights that runs them)."""
+    """The layer's keys and values for one sequence's committed positions: buffers [heads,
+    capacity, width / heads] (torch tensors; head-major, so that attention multiplies them in
+    place) whose first n positions are filled, by `net` (the int8 copy of the weights that runs
+    them)."""
 
     net: Any
     keys: Any
@@ -291,20 +292,24 @@ class Cache:
     n: int = 0
 
     def extend(self, k, v):
-        """Append rows k, v [m, heads, d] (the buffers grow by doubling, so a round copies
-        nothing already cached); returns the filled keys and values."""
+        """Append positions k, v [m, heads, d] (the buffers grow by doubling, so a round copies
+        nothing already cached); returns the filled keys and values (`filled`)."""
         end = self.n + len(k)
-        if end > len(self.keys):
-            size = max(end, 2 * len(self.keys), 64)
+        if end > self.keys.shape[1]:
+            size = max(end, 2 * self.keys.shape[1], 64)
             for name in ("keys", "values"):
                 old = getattr(self, name)
-                grown = old.new_empty(size, *old.shape[1:])
-                grown[: self.n] = old[: self.n]
+                grown = old.new_empty(old.shape[0], size, old.shape[2])
+                grown[:, : self.n] = old[:, : self.n]
                 setattr(self, name, grown)
-        self.keys[self.n : end] = k
-        self.values[self.n : end] = v
+        self.keys[:, self.n : end] = k.transpose(0, 1)
+        self.values[:, self.n : end] = v.transpose(0, 1)
         self.n = end
-        return self.keys[:end], self.values[:end]
+        return self.filled()
+
+    def filled(self):
+        """The filled keys and values [heads, n, d] (views)."""
+        return self.keys[:, : self.n], self.values[:, : self.n]
 
 
 def attend(q, k0, v0, mask0, chain_k=None, chain_v=None):
@@ -454,7 +459,9 @@ def _module_class():
             u = self.inputs(self.features(s), t, c, n)
             q, k, v = self.qkv_of(u)
             keys, values = cache.extend(k, v)  # a position's key is of its inputs alone
-            a = self.finish(u[-1:], attend(q[-1:], keys, values, None))  # the last sees all
+            a = self.finish(  # the last sees all
+                u[-1:], attend(q[-1:], keys.transpose(0, 1), values.transpose(0, 1), None)
+            )
             logits, state = self.predict(a, self.top(s[-1:]), c[-1:], n[-1:])
             return a[0], state[0], logits[0]
 
@@ -466,8 +473,8 @@ def _module_class():
             q, k, v = self.qkv_of(u)
             ck = torch.cat([chain_k, k[:, None]], dim=1)
             cv = torch.cat([chain_v, v[:, None]], dim=1)
-            keys, values = cache.keys[: cache.n], cache.values[: cache.n]
-            a = self.finish(u, attend(q, keys, values, None, ck, cv))
+            keys, values = cache.filled()
+            a = self.finish(u, attend(q, keys.transpose(0, 1), values.transpose(0, 1), None, ck, cv))
             logits, state = self.predict(a, base, c, n)
             return a, state, logits, ck, cv
 
@@ -475,26 +482,116 @@ def _module_class():
 
 
 def _int8_copy(module):
-    """The inference copy of a `LayerModule`: its Linear layers dynamically quantized to int8,
-    but Gate and Slot (COPY_N + 1 outputs each), kept in float: an int8 call's fixed cost, ~20 us,
-    is four times their float product's (measured on Zen 4)."""
+    """The inference copy of a `LayerModule` (`Int8Copy`)."""
+    return _int8_class()(module)
+
+
+@functools.cache
+def _int8_class():
+    """The class of the inference copy, defined on first use (importing this module imports no
+    torch)."""
     import copy
     import warnings
 
     import torch
     from torch import nn
     from torch.ao import quantization
+    from torch.nn.functional import gelu, linear, rms_norm
 
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's notice that it moves to torchao
-        fast = quantization.quantize_dynamic(
-            copy.deepcopy(module).eval(),
-            {nn.Linear: quantization.per_channel_dynamic_qconfig},
-            dtype=torch.qint8,
-        )
-    for name in ("gate", "slot"):
-        setattr(fast, name, copy.deepcopy(getattr(module, name)).eval())
-    return fast
+    def _attend(q, keys, values, chain_k=None, chain_v=None):
+        """`attend` over head-major keys and values [H, P, d] (a `Cache`'s) with no mask."""
+        scale = q.shape[-1] ** -0.5
+        s0 = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) * scale  # [H, N, P]
+        if chain_k is None:
+            out = torch.matmul(torch.softmax(s0, dim=-1), values)
+        else:
+            sc = torch.einsum("nhd,njhd->hnj", q, chain_k) * scale
+            p = torch.softmax(torch.cat([s0, sc], dim=-1), dim=-1)
+            out = torch.matmul(p[..., : s0.shape[-1]], values)
+            out = out + torch.einsum("hnj,njhd->hnd", p[..., s0.shape[-1] :], chain_v)
+        return out.transpose(0, 1).flatten(-2)
+
+    class Int8Copy:
+        """What drafting runs: the module's `read` and `expand`, computed as the module computes
+        them, its Linear layers dynamically quantized to int8 (weights per output row,
+        activations per call) but Gate and Slot (COPY_N + 1 outputs each), kept in float as one
+        product (an int8 call's fixed cost, ~20 us, is four times their float product's,
+        measured on Zen 4); and in fewer torch calls than the module's pieces make, each costing
+        ~10 us beside its arithmetic here: every norm one `rms_norm`, the token embedding's norm
+        taken once for every token, the copy's logit and slot set per row in place."""
+
+        def __init__(self, module) -> None:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.ao.quantization's notice of its move
+                q = quantization.quantize_dynamic(
+                    copy.deepcopy(module).eval(),
+                    {nn.Linear: quantization.per_channel_dynamic_qconfig},
+                    dtype=torch.qint8,
+                )
+                self.parts, self.d, self.width = module.parts, module.d, module.width
+                for name in ("fuse", "inp", "qkv", "proj", "up", "down", "back", "out"):
+                    setattr(self, name, getattr(q, name))
+                self.emb = module.emb.weight.detach().clone()
+                self.emb_normed = module.norm_e(module.emb.weight).detach().clone()
+                self.copy_n = module.copy_n.weight.detach().clone()
+                self.norms = {
+                    name: (getattr(module, name).weight.detach().clone(), getattr(module, name).eps)
+                    for name in ("norm_f", "norm_c", "norm1", "norm2", "norm3")
+                }
+                self.gate_slot = (torch.cat([module.gate.weight, module.slot.weight]).detach(),
+                                  torch.cat([module.gate.bias, module.slot.bias]).detach())
+
+        def _norm(self, x, name: str):
+            weight, eps = self.norms[name]
+            return rms_norm(x, (x.shape[-1],), weight, eps)
+
+        def _u(self, f, t, c, n):  # `inputs`
+            copied = self._norm(self.emb[c] + self.copy_n[n], "norm_c")
+            return self.inp(torch.cat([self._norm(f, "norm_f"), self.emb_normed[t], copied], -1))
+
+        def _qkv(self, u):  # `qkv_of`: q, k, v [m, heads, width / heads]
+            return self.qkv(self._norm(u, "norm1")).view(len(u), 3, ATTENTION_HEADS, -1).unbind(1)
+
+        def _finish(self, u, att):
+            x = u + self.proj(att)
+            return x + self.down(gelu(self.up(self._norm(x, "norm2"))))
+
+        def _predict(self, a, base, c, n):
+            """`LayerModule.predict`, its copy's logit and slot set row by row (m is a few)."""
+            state = base + self.back(a)
+            logits = self.out(self._norm(state, "norm3"))
+            v, m = logits.shape[-1], len(a)
+            extra = linear(a, *self.gate_slot).tolist()  # [m, 2 (COPY_N + 1)]
+            slot = torch.full((m, 1), UNNAMED)
+            for r, (copied, size) in enumerate(zip(c.tolist(), n.tolist(), strict=True)):
+                if size > 0 and copied < v:
+                    logits[r, copied] += extra[r][size]
+                elif size > 0:
+                    slot[r, 0] = torch.logsumexp(logits[r], 0) + extra[r][COPY_N + 1 + size]
+            return torch.cat([logits, slot], dim=-1), state
+
+        def read(self, s, t, c, n, cache):
+            """`LayerModule.read`."""
+            m = len(s)
+            f = self.fuse(rms_norm(s.view(m, self.parts, self.d), (self.d,), None, 1e-6).view(m, -1))
+            u = self._u(f, t, c, n)
+            q, k, v = self._qkv(u)
+            keys, values = cache.extend(k, v)
+            a = self._finish(u[-1:], _attend(q[-1:], keys, values))
+            logits, state = self._predict(a, s[-1:, (self.parts - 1) * self.d :], c[-1:], n[-1:])
+            return a[0], state[0], logits[0]
+
+        def expand(self, f, base, t, c, n, cache, chain_k, chain_v):
+            """`LayerModule.expand`."""
+            u = self._u(f, t, c, n)
+            q, k, v = self._qkv(u)
+            ck = torch.cat([chain_k, k[:, None]], dim=1)
+            cv = torch.cat([chain_v, v[:, None]], dim=1)
+            a = self._finish(u, _attend(q, *cache.filled(), ck, cv))
+            logits, state = self._predict(a, base, c, n)
+            return a, state, logits, ck, cv
+
+    return Int8Copy
 
 
 @dataclass
