@@ -49,6 +49,7 @@ __all__ = [
     "rss_mb",
     "summarize",
     "tree_figures",
+    "verify_figures",
 ]
 
 
@@ -146,6 +147,17 @@ def offer_figures(rounds: Iterable[RoundTrace]) -> dict[str, dict[str, float]] |
                "ms": statistics.median(ms[name]) if name in ms else None}
         for name, (n, taken, asked, drafted) in seen.items()
     }
+
+
+def verify_figures(rounds: Iterable[RoundTrace]) -> dict[int, float] | None:
+    """The median ms of a target call by the tokens it fed (the round's draft and the token
+    before it), over the rounds of one sequence (batch size 1): the cost curve the engine met,
+    beside the one the controller calibrated alone; None where no such round was timed."""
+    ms: dict[int, list[float]] = {}
+    for r in rounds:
+        if r.batch_size == 1 and r.verify_ms > 0:
+            ms.setdefault(r.proposed + 1, []).append(r.verify_ms)
+    return {n: statistics.median(v) for n, v in sorted(ms.items())} or None
 
 
 def acceptance_per_position(rounds: Iterable[RoundTrace]) -> list[float]:

@@ -40,6 +40,7 @@ from specwise.trace import (
     offer_figures,
     rejection_histogram,
     tree_figures,
+    verify_figures,
 )
 
 __all__ = [
@@ -179,6 +180,7 @@ def figures_of(records: list[dict], rounds: list[RoundTrace], plain: list[dict])
         "choices": choice_shares(rounds),
         "trees": tree_figures(rounds),
         "offers": offer_figures(rounds),
+        "verify": verify_figures(rounds),
     }
     checks = [r["check"] for r in records]
     if checks and "match" in checks[0]:
