@@ -199,8 +199,9 @@ def test_the_command_replays_over_the_smallest_model(smollm2_path, tmp_path, cap
     assert len((out / "recordings.jsonl").read_text().splitlines()) == 1
 
 
-def test_the_command_refuses_sets_it_cannot_replay(capsys):
-    refused = [
+@pytest.mark.parametrize(
+    "args, message",
+    [
         (["--sets", "ngram;model"], "--sets names model, which drafts with a model"),
         (["--sets", " ; "], "--sets ' ; ' names no drafters"),
         (["--max-tokens", "1"], "--max-tokens 1 is invalid"),
@@ -210,10 +211,11 @@ def test_the_command_refuses_sets_it_cannot_replay(capsys):
         (["--offer-ms", "ngram=nan"], "--offer-ms 'ngram=nan' is invalid"),
         (["--offer-ms", "eagle=4"],
          "--offer-ms names eagle, which no set drafts with; use one of ngram"),
-    ]
-    for args, message in refused:
-        assert main(["bench", "replay", *args]) == 2
-        assert message in capsys.readouterr().err
+    ],
+)
+def test_the_command_refuses_sets_it_cannot_replay(args, message, capsys):
+    assert main(["bench", "replay", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):

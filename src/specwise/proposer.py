@@ -6,9 +6,9 @@ by its rule, `Controller.offer_stopper`) first, then the controller's plan (a dr
 length, or plain decoding: k = 0), then that drafter's draft. For a batch (`propose_all`):
 every request's proposal, and with k="auto", where the controller finds it pays, its joint
 plan in which every sequence brings the same number of tokens (`align`: filler after the short
-drafts, fed but never verified, makes the call one pass on llama.cpp); in a batch where the controller finds planning not worth it this step
-(`Controller.unplanned`), every request decodes plainly. `Proposal` records what it decided,
-for the rest of the round.
+drafts, fed but never verified, makes the call one pass on llama.cpp); in a batch where the
+controller finds planning not worth it this step (`Controller.unplanned`), every request
+decodes plainly. `Proposal` records what it decided, for the rest of the round.
 
 A drafter that raises is dropped for that request, which then decodes plainly (`drafter_call`;
 the engine calls drafters through it at their prefill and commit too). What it is not: the

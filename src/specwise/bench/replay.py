@@ -12,12 +12,11 @@ whether taken or not: the round trace's `offers`) at its cost (`CostModel.offer_
 measured ms a token times the tokens asked, and what its offers cost beyond that in the
 engine, where `costs` hold it). `hindsight` takes at each position the accepted prefix of any
 drafter's offer whose round pays best: what deciding when, with which drafter and how far to
-draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding is priced the same
-way, so a replay's speedups are ratios of priced times, free of the machine's noise: what the
-decisions are worth, not how fast a run was (that is `specwise bench`). Temperature 0 only, and
-only cheap drafters (`Drafter.cheap`): a draft model's drafts need its own model run, measured
-by `specwise bench`.
-"""
+draft could get from these drafts, round by round, knowing each round's outcome. Plain decoding
+is priced the same way, so a replay's speedups are ratios of priced times, free of the
+machine's noise: what the decisions are worth, not how fast a run was (that is
+`specwise bench`). Temperature 0 only, and only cheap drafters (`Drafter.cheap`): a draft
+model's drafts need its own model run, measured by `specwise bench`."""
 
 from __future__ import annotations
 

@@ -86,6 +86,7 @@ DEPTH = 4  # draft levels (the depth it was trained to)
 # FLOOR expected tokens, less than one more verified token costs on any backend measured here
 # (ik_llama's cheapest, ~0.15 of a step on Zen 2-5), so the controller would cut it anyway.
 FLOOR = 0.02
+FEATURE_EPS = 1e-6  # the epsilon of each target layer's state's RMS normalisation (Fuse)
 UNNAMED = -1e4  # the copy slot's logit where the copy is named or none (finite: a zero weight
 # times it in the training loss stays zero)
 
@@ -335,6 +336,24 @@ def attend(q, k0, v0, mask0, chain_k=None, chain_v=None):
     return out.flatten(-2)
 
 
+def attend_cached(q, keys, values, chain_k=None, chain_v=None):
+    """`attend` of drafting: queries q [N, H, d] over a `Cache`'s filled keys and values,
+    head-major [H, P, d] (multiplied in place, no copy of them), all allowed, and each query's
+    chain chain_k, chain_v [N, j, H, d] (None: none); returns [N, H * d]."""
+    import torch
+
+    scale = q.shape[-1] ** -0.5
+    s0 = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) * scale  # [H, N, P]
+    if chain_k is None:
+        out = torch.matmul(torch.softmax(s0, dim=-1), values)
+    else:
+        sc = torch.einsum("nhd,njhd->hnj", q, chain_k) * scale
+        p = torch.softmax(torch.cat([s0, sc], dim=-1), dim=-1)
+        out = torch.matmul(p[..., : s0.shape[-1]], values)
+        out = out + torch.einsum("hnj,njhd->hnd", p[..., s0.shape[-1] :], chain_v)
+    return out.transpose(0, 1).flatten(-2)
+
+
 @functools.cache
 def _module_class():
     """The torch module class, defined on first use (importing this module imports no torch)."""
@@ -381,7 +400,7 @@ def _module_class():
         # -- the pieces ----------------------------------------------------------------------
         def features(self, s):  # [..., parts * d] -> [..., width]
             s = s.unflatten(-1, (self.parts, self.d))
-            s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)
+            s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + FEATURE_EPS)
             return self.fuse(s.flatten(-2))
 
         def inputs(self, f, t, c, n):
@@ -459,9 +478,7 @@ def _module_class():
             u = self.inputs(self.features(s), t, c, n)
             q, k, v = self.qkv_of(u)
             keys, values = cache.extend(k, v)  # a position's key is of its inputs alone
-            a = self.finish(  # the last sees all
-                u[-1:], attend(q[-1:], keys.transpose(0, 1), values.transpose(0, 1), None)
-            )
+            a = self.finish(u[-1:], attend_cached(q[-1:], keys, values))  # the last sees all
             logits, state = self.predict(a, self.top(s[-1:]), c[-1:], n[-1:])
             return a[0], state[0], logits[0]
 
@@ -473,8 +490,7 @@ def _module_class():
             q, k, v = self.qkv_of(u)
             ck = torch.cat([chain_k, k[:, None]], dim=1)
             cv = torch.cat([chain_v, v[:, None]], dim=1)
-            keys, values = cache.filled()
-            a = self.finish(u, attend(q, keys.transpose(0, 1), values.transpose(0, 1), None, ck, cv))
+            a = self.finish(u, attend_cached(q, *cache.filled(), ck, cv))
             logits, state = self.predict(a, base, c, n)
             return a, state, logits, ck, cv
 
@@ -497,19 +513,6 @@ def _int8_class():
     from torch import nn
     from torch.ao import quantization
     from torch.nn.functional import gelu, linear, rms_norm
-
-    def _attend(q, keys, values, chain_k=None, chain_v=None):
-        """`attend` over head-major keys and values [H, P, d] (a `Cache`'s) with no mask."""
-        scale = q.shape[-1] ** -0.5
-        s0 = torch.matmul(q.transpose(0, 1), keys.transpose(1, 2)) * scale  # [H, N, P]
-        if chain_k is None:
-            out = torch.matmul(torch.softmax(s0, dim=-1), values)
-        else:
-            sc = torch.einsum("nhd,njhd->hnj", q, chain_k) * scale
-            p = torch.softmax(torch.cat([s0, sc], dim=-1), dim=-1)
-            out = torch.matmul(p[..., : s0.shape[-1]], values)
-            out = out + torch.einsum("hnj,njhd->hnd", p[..., s0.shape[-1] :], chain_v)
-        return out.transpose(0, 1).flatten(-2)
 
     class Int8Copy:
         """What drafting runs: the module's `read` and `expand`, computed as the module computes
@@ -573,11 +576,12 @@ def _int8_class():
         def read(self, s, t, c, n, cache):
             """`LayerModule.read`."""
             m = len(s)
-            f = self.fuse(rms_norm(s.view(m, self.parts, self.d), (self.d,), None, 1e-6).view(m, -1))
+            each = rms_norm(s.view(m, self.parts, self.d), (self.d,), None, FEATURE_EPS)
+            f = self.fuse(each.view(m, -1))
             u = self._u(f, t, c, n)
             q, k, v = self._qkv(u)
             keys, values = cache.extend(k, v)
-            a = self._finish(u[-1:], _attend(q[-1:], keys, values))
+            a = self._finish(u[-1:], attend_cached(q[-1:], keys, values))
             logits, state = self._predict(a, s[-1:, (self.parts - 1) * self.d :], c[-1:], n[-1:])
             return a[0], state[0], logits[0]
 
@@ -587,7 +591,7 @@ def _int8_class():
             q, k, v = self._qkv(u)
             ck = torch.cat([chain_k, k[:, None]], dim=1)
             cv = torch.cat([chain_v, v[:, None]], dim=1)
-            a = self._finish(u, _attend(q, *cache.filled(), ck, cv))
+            a = self._finish(u, attend_cached(q, *cache.filled(), ck, cv))
             logits, state = self._predict(a, base, c, n)
             return a, state, logits, ck, cv
 
