@@ -113,6 +113,39 @@ def test_interleaved_curves_take_turns_and_a_drifting_machine_falls_on_both(monk
     assert all(lm.length(Reserved.CALIBRATION) == 0 for lm in lms.values())
 
 
+def test_a_curve_measured_while_other_processes_took_the_cpu_is_not_trusted(monkeypatch):
+    """The kernel's count of CPU time (busy, this process's own) says what others took while a
+    curve was measured, as a share of the machine (2 cores here) less TICKS_S: a curve measured
+    beside a job taking a core is consistent, flattened, and not kept."""
+    import os
+    import time
+
+    from specwise.backends import curves
+
+    clock = {"now": 0.0, "busy": 500.0, "own": 20.0, "others": 0.0}
+
+    class Loaded(ToyLM):
+        def forward(self, batch, last_only=False, rows=None, trees=None):
+            clock["now"] += 0.010  # 10 ms a call...
+            clock["own"] += 0.020  # ...on both cores
+            clock["busy"] += 0.020 + clock["others"]
+            return super().forward(batch, last_only, rows, trees)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(curves, "_cpu_seconds", lambda: (clock["busy"], clock["own"]))
+    quiet = curves.measure_curve(Loaded(context_length=64), sizes=[1, 2], repeats=10, context=8)
+    assert quiet.others == 0.0 and quiet.trusted()
+    clock["others"] = 0.010  # another process takes one core: half the machine
+    loaded = curves.measure_curve(Loaded(context_length=64), sizes=[1, 2], repeats=10, context=8)
+    assert loaded.others == pytest.approx((20 * 0.010 - curves.TICKS_S) / (20 * 0.010 * 2))
+    assert loaded.consistent() and not loaded.calm() and not loaded.trusted()
+    clock["others"] = 0.001  # a tenth of a core for 0.2 s: under TICKS_S, not counted
+    assert curves.measure_curve(Loaded(context_length=64), sizes=[1], repeats=20, context=8).calm()
+    monkeypatch.setattr(curves, "_cpu_seconds", lambda: None)  # no /proc/stat: nothing known
+    assert curves.Others().share() == 0.0
+
+
 def test_drafters_running_one_model_are_measured_once(tmp_path, monkeypatch):
     """model and model-text run the same draft model: one measurement serves both."""
     from specwise import costs
@@ -145,7 +178,29 @@ def test_sizes_not_seen_since_the_curve_was_measured_move_with_the_plain_step():
     assert c(2) == pytest.approx(33.0 * c(1) / 30.0, rel=1e-6)
 
 
-def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_path, monkeypatch):
+def test_sizes_not_seen_follow_the_nearest_size_seen_below_them():
+    """A curve whose shape was measured wrong (2 tokens at 1.29x a plain step, where the calls
+    run cost 1.5x): once 2-token calls are seen, 3 and 4 tokens keep the measured shape from 2,
+    not from 1; a size below every size seen stays as measured."""
+    c = CostCurve({1: 31.3, 2: 40.4, 3: 47.9, 4: 53.8})
+    for _ in range(300):
+        c.observe(1, 24.0)
+        c.observe(2, 36.0)
+    assert c(1) == pytest.approx(24.0, rel=1e-6) and c(2) == pytest.approx(36.0, rel=1e-6)
+    assert c(3) == pytest.approx(47.9 * 36.0 / 40.4, rel=1e-6)
+    assert c(4) == pytest.approx(53.8 * 36.0 / 40.4, rel=1e-6)
+    c.observe(3, 50.0)  # seen now: 4 follows 3
+    assert c(4) == pytest.approx(53.8 * c(3) / 47.9, rel=1e-6)
+    only_four = CostCurve({1: 10.0, 2: 12.0, 4: 20.0, 5: 25.0})
+    only_four.observe(4, 40.0)  # nothing seen below 1 and 2: as measured; 5 follows 4
+    assert only_four(1) == 10.0 and only_four(2) == 12.0 and only_four(4) == 22.0
+    assert only_four(5) == pytest.approx(25.0 * 22.0 / 20.0)
+    only_four.observe(9, 90.0)  # a size never measured: learnt, anchoring nothing
+    assert only_four(9) == 90.0 and only_four(5) == pytest.approx(25.0 * 22.0 / 20.0)
+
+
+def test_a_curve_measured_under_load_is_measured_again_and_never_cached(tmp_path, monkeypatch):
+    """Not `trusted`: contradicting itself, or measured while others took the CPU."""
     from specwise import costs
     from specwise.backends.curves import TRIES
     from specwise.drafters import make_drafters
@@ -158,10 +213,11 @@ def test_a_curve_that_contradicts_itself_is_measured_again_and_never_cached(tmp_
     # mainline's real curve, cached on the Zen 5 machine: its 16-token kernel is cheaper
     switch = {1: 36.0, 8: 148.0, 14: 254.0, 15: 231.0, 16: 183.0}
     assert CostCurve(switch).consistent()
+    loaded = CostCurve({1: 31.3, 2: 40.4, 4: 53.8}, others=0.3)  # flattened, consistent
     target = ToyLM(vocab=12, seed=1)
     drafters = make_drafters(["ngram"], None)
     path = tmp_path / "costs" / f"{costs.target_key(target)}.json"
-    measured = iter([busy, busy, calm])
+    measured = iter([busy, loaded, calm])
     monkeypatch.setattr(costs, "measure_curve", lambda lm, sizes: next(measured))
     assert costs.calibrated(target, drafters).target.ms == calm.ms  # the third try
     assert CostModel.load(path).target.ms == calm.ms

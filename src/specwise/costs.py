@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specwise.backends.base import LM
-from specwise.backends.curves import EMA, CostCurve, blend, measure_curve, until_consistent
+from specwise.backends.curves import EMA, CostCurve, blend, measure_curve, until_trusted
 from specwise.machine import machine
 
 if TYPE_CHECKING:
@@ -50,10 +50,15 @@ def _target_parts(target: LM) -> list[str]:
     return parts + (["exact"] if info.exact else [])
 
 
+# How the target's calls are measured; costs cached by another method are measured again
+# (2: a curve is kept only where other processes took little of the CPU, `CostCurve.calm`).
+METHOD = 2
+
+
 def target_key(target: LM) -> str:
     """Identifies a measurement of the target's calls: machine, target weights, backend and
-    its library, threads, exact mode."""
-    return _key(_target_parts(target))
+    its library, threads, exact mode and METHOD."""
+    return _key([*_target_parts(target), f"method {METHOD}"])
 
 
 def cache_key(target: LM, drafters: Sequence[Drafter]) -> str:
@@ -92,25 +97,25 @@ def calibrated(target: LM, drafters: Sequence[Drafter]) -> CostModel:
     """This machine's costs for the target and the drafters, from $SPECWISE_HOME/costs, where
     what is missing is measured now and cached. The target's calls are cached once for every
     set of drafters (`target_key`), so every configuration prices them alike; each drafter's
-    cost by its fingerprint. A target curve that contradicts itself (`CostCurve.consistent`),
-    cached or just measured, is measured again (`until_consistent`); where every try did, the
-    last is used for this process only and never cached (the costs of the rounds run correct
-    it as they go)."""
+    cost by its fingerprint. A target curve measured while something else had the CPU (not
+    `CostCurve.trusted`), cached or just measured, is measured again (`until_trusted`); where
+    every try was, the last is used for this process only and never cached (the costs of the
+    rounds run correct it as they go)."""
     from specwise.models import home, save_json
 
     folder = home() / "costs"
     path = folder / f"{target_key(target)}.json"
     model = CostModel.load(path)
-    if model is None or not model.target.consistent():
+    if model is None or not model.target.trusted():
         print(
             "specwise: measuring the target's forward costs once for this machine...",
             file=sys.stderr,
         )
-        curve, consistent = until_consistent(
+        curve, trusted = until_trusted(
             lambda: measure_curve(target, sizes=range(1, 17)), lambda c: [c]
         )
         model = CostModel(curve)
-        if consistent:
+        if trusted:
             model.save(path)
     drafts = folder / f"drafters-{_key([machine()])}.json"
     try:

@@ -17,9 +17,9 @@ every candidate in turn; the one-token forward PLAIN_REPEATS times more). The ch
   α = SPEC_ALPHA (a typical n-gram acceptance).
 
 The verdict, both curves and the reason are cached in $SPECWISE_HOME/backends, keyed by
-machine, model files, threads, library and METHOD (curves that contradict themselves,
-`CostCurve.consistent`, are measured again, `curves.until_consistent`, and a verdict from such
-curves is used once and never cached); `specwise bench backend` shows them. A forced
+machine, model files, threads, library and METHOD (curves measured while something else had
+the CPU, not `CostCurve.trusted`, are measured again, `curves.until_trusted`, and a verdict
+from such curves is used once and never cached); `specwise bench backend` shows them. A forced
 `--backend` never comes here. This module runs no round and sets no controller cost.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specwise.backends.base import LM
-from specwise.backends.curves import CostCurve, measure_curves, until_consistent
+from specwise.backends.curves import CostCurve, measure_curves, until_trusted
 from specwise.machine import machine
 
 __all__ = ["Choice", "choose", "decide", "measure_backends", "open_backends", "spec_goodput"]
@@ -44,7 +44,7 @@ PLAIN_TIE = 0.02  # plain steps this close are a tie, broken by what speculation
 SPEC_ALPHA = 0.7
 MAX_K = 8
 SIZES = range(1, MAX_K + 2)  # what `decide` reads: a plain step and verifications up to MAX_K
-METHOD = 3  # how choices are measured; one cached by another method is measured again
+METHOD = 4  # how choices are measured; one cached by another method is measured again
 # candidate -> (backend, flash attention)
 CANDIDATES = {
     "ik_llama+fa": ("ik_llama", True),
@@ -122,7 +122,7 @@ def choose(
         )
         lms = open_backends(target, threads, flash[target])
         try:
-            curves, consistent = until_consistent(
+            curves, trusted = until_trusted(
                 lambda: measure_backends(lms), lambda got: got.values()
             )
         finally:
@@ -131,7 +131,7 @@ def choose(
         best, reason = decide(curves)
         backend, flash_attn = CANDIDATES[best]
         choice = Choice(backend, reason, {b: c.ms for b, c in curves.items()}, flash_attn)
-        if not consistent:
+        if not trusted:
             print(
                 f"specwise: backend {choice.reason} (for this run only; not kept)", file=sys.stderr
             )

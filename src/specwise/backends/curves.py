@@ -3,8 +3,10 @@
 `CostCurve` maps tokens-in-one-call to milliseconds (median of repeats after a warm-up) and is
 updated from the calls actually run (`observe`); `measure_curve` calibrates one on a sequence
 holding CALIBRATION_CONTEXT tokens, `measure_curves` several LMs' at once, their forwards
-interleaved; a curve that contradicts itself (`consistent`) was measured while something else
-had the CPU, and `until_consistent` measures again. The backend choice (`backends.choice`),
+interleaved, with the share of the machine other processes took meanwhile (`Others`). A curve
+measured while something else had the CPU is not `trusted`: it contradicts itself
+(`consistent`), or the kernel counted other processes' CPU time in it (`calm`), and
+`until_trusted` measures again. The backend choice (`backends.choice`),
 the native build's comparison (`ik_native`), a draft model's cost (`drafters.model`) and the
 controller's cost model (`specwise.costs`) all read curves from here. This module decides
 nothing and keeps nothing on disk.
@@ -12,6 +14,7 @@ nothing and keeps nothing on disk.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,10 +29,11 @@ __all__ = [
     "CALIBRATION_CONTEXT",
     "EMA",
     "CostCurve",
+    "Others",
     "blend",
     "measure_curve",
     "measure_curves",
-    "until_consistent",
+    "until_trusted",
 ]
 
 T = TypeVar("T")
@@ -39,7 +43,14 @@ EMA = 0.1  # weight of one new observation
 # kernel switch, every curve cached on the Zen 5 machine); the curve measured under a test
 # suite's load had 0.41.
 CONSISTENT, SLACK_MS = 0.6, 0.5
-TRIES = 3  # calibrations that contradict themselves before one is used uncached
+TRIES = 3  # untrusted calibrations before one is used uncached
+# `CostCurve.calm`: the share of the machine's CPU time other processes may take while a curve
+# is measured. Load inflates every call by about the same milliseconds, which flattens the
+# curve's shape without making it contradict itself: on the Zen 4 machine a curve cached while
+# another job ran priced 2, 3 and 4 tokens at 1.29x, 1.53x and 1.72x a one-token call, where
+# the engine's calls and a calm calibration both measured ~1.5x, 2.0x and 2.3x (BENCHMARKS).
+BUSY = 0.1
+TICKS_S = 0.05  # CPU seconds of others ignored: the kernel counts CPU time in ticks
 
 
 def blend(table: dict, key: object, value: float) -> None:
@@ -51,10 +62,16 @@ def blend(table: dict, key: object, value: float) -> None:
 @dataclass
 class CostCurve:
     """Milliseconds of one forward call as a function of the tokens in it. `seen`: the sizes
-    observed since the curve was measured or loaded (`observe`)."""
+    observed since the curve was measured or loaded (`observe`); `base`: the curve as measured
+    or loaded, whose shape prices the sizes not seen."""
 
     ms: dict[int, float] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set, compare=False, repr=False)
+    others: float = field(default=0.0, compare=False, repr=False)  # `Others.share` measuring it
+    base: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base = self.base or dict(self.ms)
 
     def __call__(self, n: int) -> float:
         """Interpolated (linear) cost of n tokens; past the last measurement, in proportion to
@@ -72,19 +89,21 @@ class CostCurve:
         return float(np.interp(n, xs, [self.ms[x] for x in xs]))
 
     def observe(self, n: int, ms: float) -> None:
-        """Blend one observed call into the curve. The sizes not observed since the curve was
-        measured move with the plain step (n = 1, observed every plain round): a curve measured
-        at another time (a busier or calmer machine) keeps its shape, and the machine of now
-        sets its level. Otherwise a curve measured while the machine was slow would price
-        every draft too high for ever: no draft would run, so no draft's cost would be seen."""
-        before = self.ms.get(1)
+        """Blend one observed call into the curve. A size not observed since the curve was
+        measured keeps the measured shape from the nearest size observed below it (none: it
+        stays as measured): it moves with the plain step (n = 1, observed every plain round)
+        until a larger call is seen. A curve measured at another time (a busier or calmer machine)
+        keeps its shape and the machine of now sets its level; where the calls run show the
+        shape itself wrong (2 tokens dearer against 1 than measured), the larger sizes follow
+        them. Otherwise a curve measured while the machine was slow would price every draft
+        too high for ever: no draft would run, so no draft's cost would be seen."""
         blend(self.ms, n, ms)
         self.seen.add(n)
-        if n == 1 and before:
-            scale = self.ms[1] / before
-            for m in self.ms:
-                if m not in self.seen:
-                    self.ms[m] *= scale
+        anchors = sorted(m for m in self.seen if m in self.base)
+        for m in self.ms:
+            below = [a for a in anchors if a < m]
+            if m in self.base and m not in self.seen and below:
+                self.ms[m] = self.base[m] * self.ms[below[-1]] / self.base[below[-1]]
 
     def consistent(self) -> bool:
         """Whether the curve agrees with itself: no size costs less than CONSISTENT of a
@@ -98,6 +117,14 @@ class CostCurve:
             top = max(top, self.ms[n])
         return True
 
+    def calm(self) -> bool:
+        """Whether other processes took at most BUSY of the machine while it was measured."""
+        return self.others <= BUSY
+
+    def trusted(self) -> bool:
+        """Consistent and calm: measured while nothing else had the CPU, so fit to keep."""
+        return self.consistent() and self.calm()
+
     def relative(self) -> dict[int, float]:
         base = self.ms.get(1) or next(iter(self.ms.values()))
         return {n: v / base for n, v in sorted(self.ms.items())}
@@ -107,6 +134,39 @@ class CostCurve:
 # tokens). It matters: on the AMD EPYC Zen 3 machine mainline's one-token forward took 65 ms
 # at 128 tokens and 76-78 ms at 512-1,536, ik_llama's 51-56 ms at both (BENCHMARKS.md §0).
 CALIBRATION_CONTEXT = 512
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has spent busy, stolen by its host included; CPU seconds
+    of this process), or None where the kernel does not say (no /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+class Others:
+    """Counts, from when it is made, the CPU time processes other than this one take."""
+
+    def __init__(self) -> None:
+        self.start = _cpu_seconds()
+        self.t0 = time.perf_counter()
+
+    def share(self) -> float:
+        """Their CPU time since, as a share of the machine's (its cores x the time passed),
+        less TICKS_S; 0.0 where the kernel does not say."""
+        end = _cpu_seconds()
+        if self.start is None or end is None:
+            return 0.0
+        others = (end[0] - self.start[0]) - (end[1] - self.start[1]) - TICKS_S
+        wall = time.perf_counter() - self.t0
+        return max(0.0, others) / max(wall * (os.cpu_count() or 1), 1e-9)
 
 
 def measure_curve(
@@ -129,7 +189,8 @@ def measure_curves(
     """Each LM's `measure_curve`, their forwards interleaved: every size is measured on each LM
     in turn (who goes first alternates), so a drift of the machine's speed falls on all alike.
     plain_repeats: one-token forwards added at the end, interleaved the same way (a plain
-    step is the cost most compared)."""
+    step is the cost most compared). Each curve's `others`: the share of the machine other
+    processes took while they were measured."""
     sizes = list(sizes)
     rng = np.random.default_rng(0)
     held: dict[str, int] = {}  # the context each sequence holds
@@ -146,6 +207,7 @@ def measure_curves(
             lm.forward([(Reserved.CALIBRATION, feeds[name][:4])])  # warm-up
             lm.truncate(Reserved.CALIBRATION, held[name])
         first = next(iter(lms))
+        others = Others()
         for n in [*sizes * repeats, *[1] * plain_repeats]:
             turn = len(samples[first].get(n, ())) % 2  # who goes first alternates per size
             for name in list(lms) if turn == 0 else list(reversed(lms)):
@@ -153,28 +215,33 @@ def measure_curves(
                 lms[name].forward([(Reserved.CALIBRATION, feeds[name][:n])])
                 samples[name].setdefault(n, []).append((time.perf_counter() - t) * 1000.0)
                 lms[name].truncate(Reserved.CALIBRATION, held[name])
+        share = others.share()
     finally:
         for lm in lms.values():
             lm.release(Reserved.CALIBRATION)
     return {
-        name: CostCurve({n: float(np.median(v)) for n, v in by_n.items()})
+        name: CostCurve({n: float(np.median(v)) for n, v in by_n.items()}, others=share)
         for name, by_n in samples.items()
     }
 
 
-def until_consistent(
+def until_trusted(
     measure: Callable[[], T], curves: Callable[[T], Iterable[CostCurve]]
 ) -> tuple[T, bool]:
-    """(result, consistent): `measure()` taken again, up to TRIES times, while the curves in
-    its result (`curves(result)`) contradict themselves (`CostCurve.consistent`); the last
-    result where every try did, for the caller to use without keeping it."""
+    """(result, trusted): `measure()` taken again, up to TRIES times, while a curve in its
+    result (`curves(result)`) is not `CostCurve.trusted`; the last result where no try was, for
+    the caller to use without keeping it."""
     for attempt in range(1, TRIES + 1):
         got = measure()
-        if all(c.consistent() for c in curves(got)):
+        measured = list(curves(got))
+        if all(c.trusted() for c in measured):
             return got, True
         then = "measuring again..." if attempt < TRIES else "using the last for this run only"
-        print(
-            f"specwise: the costs measured contradict themselves (was the machine busy?); {then}",
-            file=sys.stderr,
+        busiest = max(c.others for c in measured)
+        why = (
+            f"other processes took {busiest:.0%} of the CPU meanwhile"
+            if busiest > BUSY
+            else "they contradict themselves (was the machine busy?)"
         )
+        print(f"specwise: the costs measured cannot be kept: {why}; {then}", file=sys.stderr)
     return got, False
