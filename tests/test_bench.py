@@ -210,7 +210,8 @@ def test_the_report_counts_the_offers_asked_and_those_drafted_from():
 def test_the_report_gives_the_target_calls_median_cost_by_tokens_fed():
     """The rounds of one sequence give the cost curve the engine met: the median ms of a call
     by the tokens it fed (a draft and the token before it), against a one-token call; rounds
-    of a batch are left out, and a configuration that only fed one token gets no line."""
+    of a batch are left out, and a configuration that only fed one token gets no line; the
+    curve `auto` was calibrated with follows, as JSON keeps it (sizes as strings)."""
     recs = [record("plain", "a", 100, 1500, 500), record("auto", "a", 100, 1000, 500)]
     rounds = [
         {**ROUND, "proposed": 0, "accepted": 0, "verify_ms": 20.0},
@@ -223,12 +224,13 @@ def test_the_report_gives_the_target_calls_median_cost_by_tokens_fed():
     rounds = [{**r, "config": "auto | T=0"} for r in rounds] + [
         {**ROUND, "proposed": 0, "accepted": 0, "verify_ms": 21.0, "config": "plain | T=0"}
     ]
-    rep = build(recs, rounds, {"command": "test"})
+    rep = build(recs, rounds, {"command": "test", "calibrated_ms": {"1": 25.0, "2": 32.5}})
     f = rep.figures["code"]["T=0"]
     assert f["auto"]["verify"] == {1: 22.0, 2: 31.5, 4: 50.0}
     assert f["plain"]["verify"] == {1: 21.0}
     text = rep.markdown()
     assert "- auto: 1 22.0, 2 31.5 (1.43x), 4 50.0 (2.27x)" in text
+    assert "- calibrated alone, as `auto` started: 1 25.0, 2 32.5 (1.30x)" in text
     assert "- plain: " not in text
     assert text.count("Target calls of one sequence") == 1  # in the section of all categories
 

@@ -113,7 +113,7 @@ class Report:
                     out.append(_md_row(spec, f))
                 out += _tree_lines(by_spec)
                 out += _offer_lines(by_spec)
-                out += _verify_lines(by_spec) if cat == "all" else []
+                out += _verify_lines(by_spec, self.run) if cat == "all" else []
                 rec = self.recommendation.get(cat, {}).get(sampling)
                 if rec:
                     out += ["", f"**Recommendation:** {rec['text']}"]
@@ -279,17 +279,24 @@ def _offer_lines(by_spec: dict[str, dict]) -> list[str]:
     return ["", head, *out] if out else []
 
 
-def _verify_lines(by_spec: dict[str, dict]) -> list[str]:
+def _verify_lines(by_spec: dict[str, dict], run: dict) -> list[str]:
     """A line per configuration whose rounds fed the target more than one token a call: the
-    median ms of a call by the tokens fed, and each as a multiple of a one-token call."""
+    median ms of a call by the tokens fed, and each as a multiple of a one-token call; then
+    the curve `auto` was calibrated with, alone, for comparison."""
+
+    def line(name: str, v: dict[int, float]) -> str:
+        sizes = sorted(v)[:8]
+        return f"- {name}: " + ", ".join(
+            f"{n} {v[n]:.1f}" + ("" if n == 1 else f" ({v[n] / v[1]:.2f}x)") for n in sizes)
+
     out = []
     for spec, f in by_spec.items():
         v = {int(n): ms for n, ms in (f.get("verify") or {}).items()}
-        if len(v) < 2 or 1 not in v:
-            continue
-        sizes = sorted(v)[:8]
-        out.append(f"- {spec}: " + ", ".join(
-            f"{n} {v[n]:.1f}" + ("" if n == 1 else f" ({v[n] / v[1]:.2f}x)") for n in sizes))
+        if len(v) >= 2 and 1 in v:
+            out.append(line(spec, v))
+    calibrated = {int(n): ms for n, ms in (run.get("calibrated_ms") or {}).items()}
+    if out and 1 in calibrated:
+        out.append(line("calibrated alone, as `auto` started", calibrated))
     head = "Target calls of one sequence, median ms by tokens fed (x a one-token call):"
     return ["", head, *out] if out else []
 

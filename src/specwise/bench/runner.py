@@ -134,6 +134,7 @@ class Runner:
             )
             self.engines[BASELINE + name] = Engine(baseline)
         self.noise = {"logit": 0.0, "top2_gap": 0.0}
+        self.calibrated: dict[int, float] = {}  # the target's cost curve `auto` starts from
         self.near_tie = 0.0
         numeric = [k for k in options.ks if k != "auto" and k != 0]
         for name in options.drafters:
@@ -150,6 +151,7 @@ class Runner:
                 drafters = self._drafters(names)
                 controller = Controller.calibrated(target, drafters, remember=False)
                 self.engines[spec] = Engine(target, drafters, k="auto", controller=controller)
+                self.calibrated = dict(controller.costs.target.base)
 
     def _drafters(self, names: list[str]):
         return make_drafters(names, self._draft_lm, self.options.drafter_options)

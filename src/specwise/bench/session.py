@@ -91,6 +91,7 @@ def run_bench(
         "threads": target.info.threads,
         "numeric_noise": runner.noise,
         "near_tie_below": runner.near_tie,
+        "calibrated_ms": runner.calibrated,
     }
     return publish(records, rounds, run, out, stream, json_line)
 
