@@ -45,10 +45,10 @@ EMA = 0.1  # weight of one new observation
 CONSISTENT, SLACK_MS = 0.6, 0.5
 TRIES = 3  # untrusted calibrations before one is used uncached
 # `CostCurve.calm`: the share of the machine's CPU time other processes may take while a curve
-# is measured. Load inflates every call by about the same milliseconds, which flattens the
-# curve's shape without making it contradict itself: on the Zen 4 machine a curve cached while
-# another job ran priced 2, 3 and 4 tokens at 1.29x, 1.53x and 1.72x a one-token call, where
-# the engine's calls and a calm calibration both measured ~1.5x, 2.0x and 2.3x (BENCHMARKS).
+# is measured. Beside a process spinning on one of the 2 cores the kernel counted 34% of the
+# machine to it, and the curve came out 1.66x / 4.87x / 2.73x for 2 / 3 / 4 tokens against
+# 1.51x / 1.93x / 2.27x calm (Zen 4, BENCHMARKS "the eagle layer"). The kernel's count says so
+# directly, where `consistent` sees only a load that makes a larger call cost less.
 BUSY = 0.1
 TICKS_S = 0.05  # CPU seconds of others ignored: the kernel counts CPU time in ticks
 
