@@ -99,11 +99,12 @@ class CostCurve:
         too high for ever: no draft would run, so no draft's cost would be seen."""
         blend(self.ms, n, ms)
         self.seen.add(n)
-        anchors = sorted(m for m in self.seen if m in self.base)
-        for m in self.ms:
-            below = [a for a in anchors if a < m]
-            if m in self.base and m not in self.seen and below:
-                self.ms[m] = self.base[m] * self.ms[below[-1]] / self.base[below[-1]]
+        anchor = None  # the largest size seen so far, going up
+        for m in sorted(self.base):
+            if m in self.seen:
+                anchor = m
+            elif anchor is not None:
+                self.ms[m] = self.base[m] * self.ms[anchor] / self.base[anchor]
 
     def consistent(self) -> bool:
         """Whether the curve agrees with itself: no size costs less than CONSISTENT of a
@@ -126,8 +127,8 @@ class CostCurve:
         return self.consistent() and self.calm()
 
     def relative(self) -> dict[int, float]:
-        base = self.ms.get(1) or next(iter(self.ms.values()))
-        return {n: v / base for n, v in sorted(self.ms.items())}
+        one = self.ms.get(1) or next(iter(self.ms.values()))
+        return {n: v / one for n, v in sorted(self.ms.items())}
 
 
 # The context a cost is measured at: a typical request's (the shipped prompts hold 60-1,100
