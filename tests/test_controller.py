@@ -204,6 +204,29 @@ def test_estimators_converge_and_follow_a_change():
     assert ctl.alpha("model", "r")[0] < 0.1
 
 
+def test_first_and_later_draft_tokens_are_calibrated_apart():
+    """A draft's first token and its later ones (each given the one before it was accepted) are
+    accepted at different rates for the same confidence: each place has its own calibration, a
+    later bin starting from what the first token's says; the request's α scales either by the
+    square root of its ratio to the average request's."""
+    ctl = Controller([Named("suffix", True)], costs(LINEAR, {"suffix": 0.0}))
+    st = ctl.estimates["suffix"]
+    for i in range(100):  # one copy in two starts right at 0.85; on it, it goes on right
+        ctl.observe("w", "suffix", Draft([1, 2, 3], None, [0.85] * 3), accepted=3 * (i % 2))
+    ctl.forget("w")
+    alpha = st.global_alpha(0), st.global_alpha(1)
+    first, later = (st.calibrated(0.85, i, alpha[i]) for i in (0, 1))
+    assert first == pytest.approx(st.first.predict(0.85, alpha[0])) and 0.4 < first < 0.6
+    assert later == min(0.99, st.later.predict(0.85, first)) and later > 0.95
+    assert st.calibrated(0.15, 1, alpha[1]) == st.calibrated(0.15, 0, alpha[0])  # no later seen
+    assert st.calibrated(0.85, 0, alpha[0] / 4) == pytest.approx(first / 2)  # a poorer request
+    reloaded = Controller([Named("suffix", True)], costs(LINEAR, {"suffix": 0.0}))
+    reloaded.load_state(ctl.state())
+    assert reloaded.state() == ctl.state()
+    reloaded.load_state({"suffix": {"alpha": [0.1], "hits": [0.0] * 10, "seen": [0.0] * 10}})
+    assert reloaded.state() == ctl.state()  # an older file's one calibration is not read
+
+
 def test_probing_happens_with_doubling_gaps():
     ctl = Controller([Named("model", False)], costs(STEEP, {"model": 5.0}))
     ctl.set_prior("model", [0.0] * 8)
@@ -775,7 +798,8 @@ def test_an_engine_is_built_in_milliseconds_without_touching_the_disk(tmp_path, 
     assert not (tmp_path / "controller").exists()  # nothing written while serving
     first.save()
     again = Controller.calibrated(lm, drafters)
-    assert again.state() == first.state() and again.state()["ngram"]["seen"]
+    learnt = again.state()["ngram"]["calibrations"]
+    assert again.state() == first.state() and any(seen for _, seen in learnt)
 
 
 def test_a_catch_up_round_is_not_taken_for_the_cost_of_drafting():

@@ -140,12 +140,12 @@ def test_the_controller_plans_a_tree_prefix_and_learns_from_its_siblings():
     # a verification that costs little per token: the whole offer pays
     costs = CostModel(CostCurve({n: 100.0 + 5.0 * n for n in range(1, 17)}), {"suffix": 0.0})
     ctl = Controller([drafter], costs)
-    seen = lambda: sum(ctl.state()["suffix"]["seen"])  # noqa: E731
+    seen = lambda: sum(sum(c[1]) for c in ctl.state()["suffix"]["calibrations"])  # noqa: E731
     ctl.observe("w", "suffix", Draft([1, 2], None, [0.45, 0.45], [-1, -1]), 1, (1,))
     assert seen() == 2  # both children of the context were reached: one rejected, one not
     ctl.observe("w", "suffix", Draft([1, 2], None, [0.45, 0.45]), 0)
     assert seen() == 3  # a chain rejected at its first token: the second was never reached
-    assert ctl.state()["suffix"]["hits"][4] == 1
+    assert ctl.state()["suffix"]["calibrations"][0][0][4] == 1  # the first tokens' bin 4
     offer = [0.45, 0.45, 0.45]
     tree_plan = ctl.plan("t", room=8, offers={"suffix": offer}, trees={"suffix": [-1, -1, 0]})
     chain_plan = ctl.plan("c", room=8, offers={"suffix": offer})

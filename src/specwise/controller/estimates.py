@@ -2,14 +2,22 @@
 
 Per drafter: α by position (the conditional acceptance of each draft position) across requests
 and per running request, a calibration of the drafter's own confidences (confidence bin ->
-observed acceptance), how far its plans in batches came true (`PlanHitRate`), and per request
-the rounds since it was last used and between probes. Where a_i comes from:
-- per request and drafter, an exponential average of the observed α_i by position, started
+observed acceptance) for a draft's first token and one for the tokens after it, how far its
+plans came true (`PlanHitRate`), and per request the rounds since it was last used and between
+probes. Where a_i comes from:
+- the drafter's own confidence in a token (a model drafter's probability, an n-gram drafter's
+  match length), where it gives one: mapped through the calibration of the token's place and
+  scaled by the square root of how this request's α there compares with the average
+  request's. A first token and a later one, given the one before it was accepted, are
+  accepted at different rates for the same confidence (a copy that started right goes on
+  right), so they are calibrated apart; and the confidence already says part of how this
+  request is going, so the request's own ratio counts at half its strength (over the bench's
+  answers, `specwise bench replay`, the full ratio over one calibration had the copiers' plans
+  expect 2.68 accepted tokens a round and get 2.40, their first token 0.83 against 0.71;
+  with no ratio the suffix drafter, whose copies run longer, was hardly ever chosen);
+- otherwise, per request, an exponential average of the observed α_i by position, started
   from the drafter's average over earlier requests, so a request that changes character
-  (copying code, then writing prose) is followed within a few rounds;
-- the drafter's own confidence in each token (a model drafter's probability, an n-gram
-  drafter's match length), mapped through the calibration and scaled by how this request
-  compares with the average one.
+  (copying code, then writing prose) is followed within a few rounds.
 A tree draft's token is estimated at its depth, given its parent. What is learnt across
 requests is `state()` (JSON-able) and comes back with `load_state`; the files are the
 controller's (`Controller.remember`). The arithmetic is `specwise.acceptance`'s.
@@ -17,6 +25,7 @@ controller's (`Controller.remember`). The arithmetic is `specwise.acceptance`'s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,7 +50,8 @@ class DrafterState:
     per-request probe bookkeeping."""
 
     alpha: list[float] = field(default_factory=list)  # across requests, by position
-    calibration: Calibration = field(default_factory=Calibration)
+    first: Calibration = field(default_factory=Calibration)  # of a draft's first tokens
+    later: Calibration = field(default_factory=Calibration)  # ... of the tokens after them
     requests: dict[str, list[float]] = field(default_factory=dict)  # id -> α by position
     idle: dict[str, int] = field(default_factory=dict)  # id -> rounds since last used
     gap: dict[str, int] = field(default_factory=dict)  # id -> rounds between probes
@@ -51,11 +61,19 @@ class DrafterState:
     def global_alpha(self, i: int) -> float:
         return self.alpha[i] if i < len(self.alpha) else PRIOR_ALPHA
 
+    def calibration(self, i: int) -> Calibration:
+        """The calibration of draft position (depth) i."""
+        return self.first if i == 0 else self.later
+
     def calibrated(self, confidence: float, i: int, request_alpha: float) -> float:
-        """Acceptance of draft position i: the calibrated confidence, scaled by how this
-        request's α at i compares with the average request's."""
-        base = self.calibration.predict(confidence, self.global_alpha(0))
-        return min(0.99, base * request_alpha / max(self.global_alpha(i), 0.05))
+        """Acceptance of a token at draft position (depth) i with this confidence, in a request
+        whose α at i is request_alpha: its place's calibration (a later token's bin starts from
+        what a first token's says, so a drafter that has drafted no more than one token so far
+        is not held to one by its later tokens' prior), scaled by the square root of the
+        request's α over the average request's."""
+        first = self.first.predict(confidence, self.global_alpha(0))
+        base = first if i == 0 else self.later.predict(confidence, first)
+        return min(0.99, base * math.sqrt(request_alpha / max(self.global_alpha(i), 0.05)))
 
     def request_alpha(self, rid: str, n: int) -> list[float]:
         a = self.requests.setdefault(rid, [])
@@ -119,7 +137,7 @@ class Estimates:
             st.alpha[i] = (1 - GLOBAL_EMA) * st.alpha[i] + GLOBAL_EMA * ok
         if draft.confidence is not None:
             for j, ok in seen:
-                st.calibration.observe(draft.confidence[j], ok)
+                st.calibration(depth[j]).observe(draft.confidence[j], ok)
 
     def forget(self, rid: str) -> None:
         """Drop a finished request's estimates (the averages over requests stay)."""
@@ -134,8 +152,7 @@ class Estimates:
         return {
             name: {
                 "alpha": st.alpha,
-                "hits": st.calibration.hits,
-                "seen": st.calibration.seen,
+                "calibrations": [[c.hits, c.seen] for c in (st.first, st.later)],
                 "plan_hit_rate": [st.hit_rate.predicted, st.hit_rate.realised],
             }
             for name, st in self._by_name.items()
@@ -144,11 +161,12 @@ class Estimates:
     def load_state(self, data: dict) -> None:
         """Take back what `state` gave (entries of another shape are ignored)."""
         for name, st in self._by_name.items():
-            d = data.get(name)
-            if d and len(d.get("hits", ())) == BINS and len(d.get("seen", ())) == BINS:
+            d = data.get(name) or {}
+            cals = d.get("calibrations", ())
+            if len(cals) == 2 and all(len(x) == 2 and len(x[0]) == len(x[1]) == BINS for x in cals):
                 st.alpha = [float(x) for x in d["alpha"]]
-                st.calibration = Calibration(
-                    [float(x) for x in d["hits"]], [float(x) for x in d["seen"]]
+                st.first, st.later = (
+                    Calibration([float(x) for x in h], [float(x) for x in n]) for h, n in cals
                 )
                 if len(d.get("plan_hit_rate", ())) == 2:
                     st.hit_rate = PlanHitRate(*(float(x) for x in d["plan_hit_rate"]))

@@ -330,7 +330,7 @@ class Controller:
         cost 1,592 ms for 6 tokens that plain decoding takes 385 ms for, BENCHMARKS.md §0)."""
         st = self.estimates[d.name]
         a = [
-            st.global_alpha(i) if c is None else st.calibration.optimistic(c)
+            st.global_alpha(i) if c is None else st.calibration(i).optimistic(c)
             for i, c in zip(positions(parents, len(offer)), offer, strict=True)
         ]
         _, g, _ = self._best_length(d.name, a, batch, parents=parents)
