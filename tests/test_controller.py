@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specwise import Engine, SamplingParams
-from specwise.acceptance import expected_tokens
+from specwise.acceptance import GLOBAL_EMA, PRIOR_ALPHA, expected_tokens
 from specwise.backends.curves import CostCurve
 from specwise.backends.llama_cpp import equal_passes
 from specwise.backends.torch_hf import TorchLM
@@ -277,6 +277,63 @@ def test_a_cheap_drafter_whose_offer_costs_is_asked_while_it_pays_or_to_probe():
     for _ in range(PROBE_FIRST):
         assert ctl.asks(eagle, "t", 15)
         ctl.plan("t", room=15, offers={})
+
+
+def test_a_costly_offer_is_not_asked_where_the_offers_in_hand_plan_better():
+    """The layer's offer costs before the plan: where the free offers already in hand plan a
+    round better than the layer could on the request's average, it is not asked; with nothing
+    in hand, or a weak offer, it is asked as before."""
+    ngram, eagle = Named("ngram", True), Named("eagle", True)
+    ctl = Controller([ngram, eagle], costs(LINEAR, {"ngram": 0.001, "eagle": 0.1}))
+    for _ in range(300):  # long n-gram matches are accepted, short ones are not
+        ctl.observe("warm", "ngram", Draft([1, 2], None, [0.95, 0.95]), accepted=2)
+        ctl.observe("warm", "ngram", Draft([1], None, [0.15]), accepted=0)
+    ctl.set_prior("eagle", [0.6] * 15)
+    sure, weak = Draft([1] * 8, None, [0.95] * 8), Draft([1] * 8, None, [0.15] * 8)
+    assert ctl.asks(eagle, "r", 15) and ctl.asks(eagle, "r", 15, {"ngram": weak})
+    assert not ctl.asks(eagle, "r", 15, {"ngram": sure})
+    assert ctl.offer_length(eagle, "r", 15, {"ngram": sure}) == 0
+    assert ctl.asks(ngram, "r", 15, {"eagle": sure})  # a free offer is always asked
+
+
+def test_the_offer_left_out_of_a_draft_is_learnt_where_the_target_said_its_next_token():
+    """The tokens of an offer past the draft cut from it, that follow the draft's last accepted
+    token where no drafted token does, are calibrated by the target's own next token; so a
+    drafter planned one token at a time learns how its later tokens fare. Nothing is learnt
+    past a rejected token, nor from an offer that is not a point mass."""
+    ctl = Controller([Named("eagle", True)], costs(LINEAR, {"eagle": 0.0}))
+    st = ctl.estimates["eagle"]
+    later = lambda: (st.calibration(1).hits[9], st.calibration(1).seen[9])  # noqa: E731
+    chain = Draft([4, 5, 6], None, [0.95] * 3)
+    ctl.observe("r", "eagle", chain.prefix(1), 1, (), chain, 5)  # 4 accepted, 5 said next
+    assert later() == (1.0, 1.0)  # 5 reached and right; 6 (after 5) not reached
+    ctl.observe("r", "eagle", chain.prefix(1), 1, (), chain, 7)
+    assert later() == (1.0, 2.0)
+    ctl.observe("r", "eagle", chain.prefix(1), 0, (), chain, 7)  # 4 rejected: 5 not reached
+    ctl.observe("r", "eagle", chain.prefix(1), 1, (), chain)  # the target said nothing
+    sampled = Draft([4, 5], np.full((2, 8), 0.125, np.float32), [0.95] * 2)
+    ctl.observe("r", "eagle", sampled.prefix(1), 1, (), sampled, 5)
+    assert later() == (1.0, 2.0)
+    tree = Draft([4, 3, 5, 6], None, [0.95] * 4, [-1, -1, 0, 1])  # 5 under 4, 6 under 3
+    ctl.observe("r", "eagle", tree.prefix(1), 1, (0,), tree, 5)
+    assert later() == (2.0, 3.0)  # 5 learnt; 3 (a sibling) and 6 (under it) not reached
+    first = st.calibration(0).seen[9]
+    ctl.observe("r", "eagle", tree.prefix(2), 1, (1,), tree, 6)  # 3 accepted, 6 said next
+    assert later() == (3.0, 4.0) and st.calibration(0).seen[9] == first + 2
+
+
+def test_a_position_no_draft_has_reached_reads_as_the_deepest_seen():
+    """α at a draft position not reached yet is the deepest position's seen (not the prior,
+    which would keep a drafter planned one token at a time from drafting deeper); the first
+    observation there starts from it."""
+    ctl = Controller([Named("eagle", True)], costs(LINEAR, {"eagle": 0.0}))
+    st = ctl.estimates["eagle"]
+    assert st.global_alpha(3) == PRIOR_ALPHA
+    ctl.set_prior("eagle", [0.8])
+    assert st.global_alpha(0) == st.global_alpha(5) == 0.8
+    ctl.observe("r", "eagle", Draft([1, 2], None), accepted=2)  # both accepted
+    first = 0.8 * (1 - GLOBAL_EMA) + GLOBAL_EMA  # position 0 learnt first, then 1 from it
+    assert ctl.alpha("eagle") == pytest.approx([first, first * (1 - GLOBAL_EMA) + GLOBAL_EMA])
 
 
 def test_an_offer_is_priced_at_what_the_engine_measured_it_cost():
@@ -799,7 +856,7 @@ def test_an_engine_is_built_in_milliseconds_without_touching_the_disk(tmp_path, 
     first.save()
     again = Controller.calibrated(lm, drafters)
     learnt = again.state()["ngram"]["calibrations"]
-    assert again.state() == first.state() and any(seen for _, seen in learnt)
+    assert again.state() == first.state() and any(any(seen) for _, seen in learnt)
 
 
 def test_a_catch_up_round_is_not_taken_for_the_cost_of_drafting():

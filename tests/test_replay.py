@@ -227,8 +227,8 @@ def test_every_offer_asked_is_priced_taken_or_not(monkeypatch):
     asked: list[int] = []
 
     class Counting(replay_module.Controller):
-        def offer_length(self, d, rid, longest):
-            n = super().offer_length(d, rid, longest)
+        def offer_length(self, d, rid, longest, have=None):
+            n = super().offer_length(d, rid, longest, have)
             asked.append(n)
             return n
 

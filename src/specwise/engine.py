@@ -428,7 +428,11 @@ class Engine:
             d = p.drafter
             drafter_call(r, d, d.commit, r.seq, verdict.accepted, verdict.tokens)
             if self.controller is not None:
-                self.controller.observe(r.id, d.name, p.draft, verdict.accepted, verdict.path)
+                after = verdict.tokens[verdict.accepted :]  # the target's own next token
+                self.controller.observe(
+                    r.id, d.name, p.draft, verdict.accepted, verdict.path,
+                    p.offers.get(d.name), after[0] if after else None,
+                )
         return self._emit(r, verdict.tokens, logits, _rows(verdict, len(verdict.tokens)))
 
     def _undo(self, r: Request, rng: dict) -> None:

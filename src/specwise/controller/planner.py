@@ -26,7 +26,8 @@ Cheap drafters (n-gram, suffix, the eagle layer) propose before the decision, an
 controller takes the best prefix. An offer is paid for whether taken or not, so a drafter
 whose offer is not free (the eagle layer's: its read and a layer call a level, priced as the
 engine has measured its offers, `CostModel.offer_cost`) is asked only while it drafts, while
-it pays on the request's average, or every probe gap (`asks`), and for no more tokens than its
+it pays on the request's average, or every probe gap, and never where the offers already in
+hand plan better than it could on that average (`asks`), and for no more tokens than its
 best plan on that average and one (`offer_length`); it grows the offer (the layer's tree, a
 level a call) only beneath a path that the mid-round rule below, with plain decoding's
 goodput, says some plan could pay for (`offer_stopper`).
@@ -59,7 +60,7 @@ engine calls `plan` before and `observe` after each round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -207,38 +208,56 @@ class Controller:
             best = replace(best, keep_going=stop)
         return best
 
-    def asks(self, d: Drafter, rid: str, longest: int) -> bool:
+    def asks(
+        self, d: Drafter, rid: str, longest: int, have: Mapping[str, Draft] | None = None
+    ) -> bool:
         """Whether to ask the cheap drafter `d` for an offer of up to `longest` tokens in
         request `rid`'s round (the offer is made before the plan, so it is paid for whether
         taken or not). Always where the offer is free (under OFFER_FREE of a plain round, as
         `CostModel.offer_cost` prices it: the drafter's measured ms a token and what its
-        offers cost beyond that in the engine); else where the drafter drafted the request's
-        last round (or it has none yet), where on the request's average so far it pays with
-        the offer's cost counted, or every probe gap (PROBE_FIRST, doubling while its probes
-        lose) while it sits idle."""
+        offers cost beyond that in the engine); never where the offers already in hand
+        (`have`: drafter -> offer) plan a round better than `d` could on the request's average
+        so far with its offer's cost counted; else where the drafter drafted the request's
+        last round (or it has none yet), where on that average it pays, or every probe gap
+        (PROBE_FIRST, doubling while its probes lose) while it sits idle."""
+        if self._free_offer(d, longest):
+            return True
         plain = self.pricing.round_ms(None, 0, Batch())
         per = self.costs.draft_ms_per_token.get(d.name, 0.0)
         offer = self.costs.offer_cost(d.name, longest)
         st = self.estimates[d.name]
-        idle = st.idle.get(rid, 0)
-        if self._free_offer(d, longest) or idle == 0:
-            return True
-        if (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
-            return True
-        a = st.request_alpha(rid, longest)
-        e = expected_tokens(a)
-        return any(
-            e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m) > MARGIN / plain
+        e = expected_tokens(st.request_alpha(rid, longest))
+        average = max(
+            e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m)
             for m in range(1, len(e))
         )
+        if have and average <= self._in_hand(rid, have):
+            return False
+        idle = st.idle.get(rid, 0)
+        if idle == 0 or (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
+            return True
+        return average > MARGIN / plain
 
-    def offer_length(self, d: Drafter, rid: str, longest: int) -> int:
-        """How many tokens to ask the cheap drafter `d` to offer in request `rid`'s round: 0
-        where it is not asked (`asks`); all `longest` where its offer is free; else the draft
-        length its acceptance in the request so far makes best, and one more (the offer's own
-        confidences may lengthen the plan): an offer is paid for by the token asked, and
-        tokens no plan would take are not worth asking for."""
-        if not self.asks(d, rid, longest):
+    def _in_hand(self, rid: str, have: Mapping[str, Draft]) -> float:
+        """The goodput of the best plan the offers in `have` make for a lone request."""
+        best = 0.0
+        for name, o in have.items():
+            if o.tokens:
+                a = self.estimates.acceptances(name, rid, len(o.tokens), o.scores(), o.parents)
+                _, g, _ = self._best_length(name, a, Batch(), parents=o.parents)
+                best = max(best, *g[1:])
+        return best
+
+    def offer_length(
+        self, d: Drafter, rid: str, longest: int, have: Mapping[str, Draft] | None = None
+    ) -> int:
+        """How many tokens to ask the cheap drafter `d` to offer in request `rid`'s round, with
+        the offers in `have` made already: 0 where it is not asked (`asks`); all `longest`
+        where its offer is free; else the draft length its acceptance in the request so far
+        makes best, and one more (the offer's own confidences may lengthen the plan): an offer
+        is paid for by the token asked, and tokens no plan would take are not worth asking
+        for."""
+        if not self.asks(d, rid, longest, have):
             return 0
         if self._free_offer(d, longest):
             return longest
@@ -376,10 +395,14 @@ class Controller:
         draft: Draft,
         accepted: int,
         path: Sequence[int] = (),
+        offer: Draft | None = None,
+        target_token: int | None = None,
     ) -> None:
-        """Learn from one verified round (`Estimates.observe`); a plain round teaches nothing."""
+        """Learn from one verified round (`Estimates.observe`: offer, the cheap drafter's offer
+        the draft was cut from; target_token, the token the target emitted after the accepted
+        ones); a plain round teaches nothing."""
         if drafter is not None and draft.tokens:
-            self.estimates.observe(rid, drafter, draft, accepted, path)
+            self.estimates.observe(rid, drafter, draft, accepted, path, offer, target_token)
             if self.stake is not None:
                 self.stake.observe(rid, drafter, len(draft.tokens), accepted)
 
