@@ -216,10 +216,10 @@ class Controller:
         taken or not). Always where the offer is free (under OFFER_FREE of a plain round, as
         `CostModel.offer_cost` prices it: the drafter's measured ms a token and what its
         offers cost beyond that in the engine); never where the offers already in hand
-        (`have`: drafter -> offer) plan a round better than `d` could on the request's average
-        so far with its offer's cost counted; else where the drafter drafted the request's
-        last round (or it has none yet), where on that average it pays, or every probe gap
-        (PROBE_FIRST, doubling while its probes lose) while it sits idle."""
+        (`have`: drafter -> offer) plan a round that beats plain decoding by MARGIN and `d` on
+        the request's average so far with its offer's cost counted; else where it drafted the
+        request's last round (or it has none yet), where on that average it pays, or every
+        probe gap (PROBE_FIRST, doubling while its probes lose) while it sits idle."""
         if self._free_offer(d, longest):
             return True
         plain = self.pricing.round_ms(None, 0, Batch())
@@ -231,8 +231,8 @@ class Controller:
             e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m)
             for m in range(1, len(e))
         )
-        if have and average <= self._in_hand(rid, have):
-            return False
+        if have and max(average, MARGIN / plain) <= self._in_hand(rid, have):
+            return False  # a plan in hand that would be taken, and better
         idle = st.idle.get(rid, 0)
         if idle == 0 or (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
             return True
