@@ -115,7 +115,8 @@ class Proposer:
         offer_ms: dict[str, float] = {}
         longest = min(room, CHEAP_MAX_K)
         for d in allowed:
-            n = self.controller.offer_length(d, r.id, longest, offers) if d.cheap and room > 0 else 0
+            asking = d.cheap and room > 0
+            n = self.controller.offer_length(d, r.id, longest, offers) if asking else 0
             if n:
                 asked[d.name] = n
                 stop = self.controller.offer_stopper(d, r.id, n, batch)

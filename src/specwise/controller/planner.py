@@ -228,8 +228,11 @@ class Controller:
         st = self.estimates[d.name]
         e = expected_tokens(st.request_alpha(rid, longest))
         average = max(
-            e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m)
-            for m in range(1, len(e))
+            (
+                e[m] / (self.pricing.round_ms(d.name, m, Batch()) + offer - per * m)
+                for m in range(1, len(e))
+            ),
+            default=0.0,  # nothing asked for: pays nothing
         )
         if have and max(average, MARGIN / plain) <= self._in_hand(rid, have):
             return False  # a plan in hand that would be taken, and better
