@@ -674,6 +674,28 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert manifest["bench"]["by_kind"]["code_generation"]["alpha"]
     layer = Layer.load(shipped)
     assert layer.layers == layers and len(layer.ids) <= 64 + 2
+    # the shipped layer trained further: its vocabulary and shape kept, its training recorded
+    for start, words in [("shipped --width 16", "drop --vocab, --width and --depth"),
+                         (str(tmp_path / "none.pt"), "no such file; use shipped, installed or")]:
+        argv = ["heads", "train", *target, "--arch", "eagle", "--from", *start.split()]
+        assert main(argv) == 2
+        assert words in capsys.readouterr().err
+    other = tmp_path / "other.pt"
+    Layer(576, [1, 2, 3], np.arange(10), 49152, width=16, depth=1).save(other)
+    assert main(["heads", "train", *target, "--arch", "eagle", "--from", str(other)]) == 2
+    assert "is a layer for another model (layers [1, 2, 3]" in capsys.readouterr().err
+    assert main(["heads", "train", *target, "--from", "shipped"]) == 2
+    assert "add --arch eagle" in capsys.readouterr().err
+    argv = ["heads", "train", *target, "--arch", "eagle", "--epochs", "1", "--from", "shipped",
+            "--replace"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    further = json.loads(eagle.find(smollm2_path).with_suffix(".json").read_text())
+    assert [h["positions_seen"] for h in further["history"]] == [manifest["positions_seen"]]
+    assert further["positions_seen_in_all"] == sum(
+        r["positions_seen"] for r in (manifest, further)
+    )
+    assert Layer.load(eagle.find(smollm2_path)).ids.tolist() == layer.ids.tolist()
     # the layer replayed over the bench answers and their states, priced at measured costs
     argv = ["bench", "replay", *target, "--sets", "ngram;ngram+eagle", "--max-tokens", "8",
             "--out", str(tmp_path / "replay")]

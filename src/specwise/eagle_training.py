@@ -57,8 +57,8 @@ from specwise.drafters.ngram import continuations
 from specwise.teacher import Data
 
 __all__ = [
-    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "copies", "evaluate", "outscores",
-    "train",
+    "DEPTH_WEIGHT", "FINAL_LR", "LR", "WINDOW", "choose_vocab", "copies", "evaluate", "lineage",
+    "outscores", "train",
 ]
 
 WINDOW = 512  # most positions of one training window
@@ -442,6 +442,17 @@ def outscores(installed: dict, new: dict) -> bool:
     if a.get("scored_positions") != b.get("scored_positions"):
         return False
     return a["alpha"][0] > b["alpha"][0]
+
+
+def lineage(record: dict) -> list[dict]:
+    """The trainings a layer went through, oldest first, from its record (`<layer>.json` or
+    the layer's meta): the record's own `history` and then the record itself, each as when it
+    was trained, where, on how many positions and seen how often, and its bench α1. A layer
+    trained further from this one (`heads train --from`) keeps this as its `history`, so its
+    positions seen in all are the sum over it (data made on machines long gone included)."""
+    bench = (record.get("bench") or {}).get("alpha") or [None]
+    own = {k: record.get(k) for k in ("trained", "machine", "positions", "positions_seen", "kinds")}
+    return [*record.get("history", []), {**own, "bench_alpha1": bench[0]}]
 
 
 def save_result(path: Path, result: dict) -> None:

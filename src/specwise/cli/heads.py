@@ -9,6 +9,7 @@ No training, data or scoring logic: those modules hold it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -128,9 +129,15 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     from specwise.drafters.heads import heads_path, model_key
     from specwise.machine import machine
 
-    if a.width < 8 or a.width % 8 or a.depth < 1:
+    if a.start is not None and (a.vocab, a.width, a.depth) != (None, None, None):
         raise UsageError(
-            f"--width {a.width}, --depth {a.depth}: use a width that is a multiple of 8 and a "
+            f"--from {a.start} trains that layer further, with its vocabulary, width and depth: "
+            "drop --vocab, --width and --depth (or drop --from to train a new layer)"
+        )
+    width, depth = a.width or WIDTH, a.depth or DEPTH
+    if width < 8 or width % 8 or depth < 1:
+        raise UsageError(
+            f"--width {width}, --depth {depth}: use a width that is a multiple of 8 and a "
             "depth >= 1"
         )
     if (a.epochs is not None and not a.epochs > 0) or (a.positions is not None and a.positions < 1):
@@ -158,18 +165,24 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         ) from None
     a.backend = "ik_llama" if a.backend == "auto" and not model.is_dir() else a.backend
     target, _ = _load_models(a, need_draft=False, hidden=layers)  # its sizes and end ids
-    ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
+    if a.start is not None:
+        layer, origin = _start_layer(a.start, model, layers, target)
+        ids = layer.ids
+        print(f"specwise: training {origin} further ({len(layer.meta['history'])} trainings "
+              f"before, {_seen(layer.meta['history'])} positions seen)", file=sys.stderr)
+    else:
+        ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
+        meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
+        layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
+                      width=width, depth=depth, meta=meta,
+                      unembedding=weights.unembedding(target, ids),
+                      final_norm=weights.final_norm(target), embedding=weights.embedding(target, ids))
     print(f"specwise: {len(data)} positions; a vocabulary of {len(ids)} tokens covers "
           f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
-    meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
-    layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
-                  width=a.width, depth=a.depth, meta=meta,
-                  unembedding=weights.unembedding(target, ids), final_norm=weights.final_norm(target),
-                  embedding=weights.embedding(target, ids))
     size = ("" if a.positions is None else f"-{a.positions}") + (
         "" if kinds == teacher.KINDS else "-" + "-".join(kinds)
-    )
-    ckpt = folder / f"layer-{a.width}-{a.depth}-{len(ids)}{size}.pt"
+    ) + ("" if a.start is None else "-from-" + layer.start.split()[-1][:8])
+    ckpt = folder / f"layer-{layer.width}-{layer.depth}-{len(ids)}{size}.pt"
     bench = bench_path(model, layers)
     bench_data = teacher.Data(bench) if teacher.bench_complete(bench) else None
 
@@ -192,6 +205,7 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     layer.meta.update(trained=_time.strftime("%Y-%m-%dT%H:%M:%S"), positions=total,
                       data=teacher.summary(folder), kinds=list(kinds), machine=machine(),
                       lr=lr, format=LAYER_FORMAT, **result)
+    layer.meta["positions_seen_in_all"] = _seen(eagle_training.lineage(layer.meta))
     out = heads_path(model) / FILE
     installed = _record(out)
     if installed is not None and installed.get("format") != LAYER_FORMAT:
@@ -217,12 +231,57 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
 
 
 NEW_FILE = "eagle.new.pt"  # where a layer goes that scores below the one installed
+WIDTH, DEPTH = 768, 4  # a new eagle layer's, unless --width and --depth say
+
+
+def _start_layer(name: str, model: Path, layers: list[int], target) -> tuple:
+    """(layer, what it is) for `--from NAME`: `shipped` (the layer specwise ships for the
+    target), `installed` (the one trained here) or a layer file; trained further, it keeps its
+    vocabulary, shape and weights, its training so far as its meta's `history`
+    (`eagle_training.lineage`) and, as its start, the file's digest (a checkpoint of another
+    start is not resumed). One UsageError where the layer is missing, unreadable or made for
+    another target."""
+    import hashlib
+
+    from specwise import eagle_training
+    from specwise.drafters import eagle
+    from specwise.drafters.heads import heads_path, model_key
+
+    paths = {"shipped": eagle.shipped_path(model), "installed": heads_path(model) / eagle.FILE}
+    path = paths.get(name, Path(name))
+    if not path.is_file():
+        where = {"shipped": f"no layer ships for {model.name}",
+                 "installed": f"no layer is trained for {model.name} here"}.get(name, "no such file")
+        raise UsageError(f"--from {name}: {where}; use shipped, installed or a layer file")
+    try:
+        layer = eagle.Layer.load(path)
+    except ValueError as exc:
+        raise UsageError(f"--from {name}: {exc}") from None
+    made_for = layer.meta.get("sha256")
+    hidden = target.hidden_size // len(layers)
+    if (made_for not in (None, model_key(model)) or list(layer.layers) != list(layers)
+            or (layer.hidden_size, layer.vocab_size) != (hidden, target.vocab_size)):
+        raise UsageError(
+            f"--from {name}: {path} is a layer for {layer.meta.get('model', 'another model')} "
+            f"(layers {list(layer.layers)}, width {layer.hidden_size}), not for {model.name}"
+        )
+    record = path.with_suffix(".json")
+    if path.parent.joinpath("manifest.json").is_file() and not record.is_file():
+        record = path.parent / "manifest.json"  # a shipped layer's record
+    earlier = json.loads(record.read_text()) if record.is_file() else layer.meta
+    layer.meta = {k: layer.meta[k] for k in ("key", "model", "sha256") if k in layer.meta}
+    layer.meta["history"] = eagle_training.lineage(earlier)
+    layer.start = "layer " + hashlib.sha256(path.read_bytes()).hexdigest()
+    return layer, path
+
+
+def _seen(history: list[dict]) -> int:
+    """The positions a layer has seen in training, over its `lineage`."""
+    return sum(int(h.get("positions_seen") or 0) for h in history)
 
 
 def _record(layer_file: Path) -> dict | None:
     """The training record beside an installed layer (`<layer>.json`), or None."""
-    import json
-
     if not layer_file.is_file():
         return None
     try:
@@ -317,10 +376,10 @@ def cmd_heads(a: argparse.Namespace) -> int:
     if a.arch == "eagle":
         return _heads_train_eagle(a)
     if (a.epochs is not None or a.positions is not None or a.curve or a.kinds != ALL_KINDS
-            or a.lr is not None or a.replace):
+            or a.lr is not None or a.replace or a.start is not None):
         raise UsageError(
-            "--epochs, --positions, --kinds, --lr, --replace and --curve train the eagle layer: "
-            "add --arch eagle"
+            "--epochs, --positions, --kinds, --lr, --replace, --curve and --from train the eagle "
+            "layer: add --arch eagle"
         )
     target, _ = _load_models(a, need_draft=False, max_sequences=a.sequences, hidden=True)
     out = distill.run(target, a.minutes, a.heads, a.vocab or 2048, a.sequences)
@@ -353,9 +412,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--vocab", type=int,
         help="tokens the network can name, most frequent (heads 2048, eagle 4096)",
     )
-    ht.add_argument("--width", type=int, default=768, help="the eagle layer's width (768)")
+    ht.add_argument("--width", type=int, help=f"the eagle layer's width ({WIDTH})")
     ht.add_argument(
-        "--depth", type=int, default=4, help="draft depth the eagle layer is trained to (4)"
+        "--depth", type=int, help=f"draft depth the eagle layer is trained to ({DEPTH})"
+    )
+    ht.add_argument(
+        "--from", dest="start", metavar="LAYER",
+        help="eagle: train this layer further on the data here instead of a new one: shipped "
+        "(the one specwise ships for the target), installed (the one trained here) or a layer "
+        "file; its vocabulary and shape are kept, its earlier trainings recorded",
     )
     ht.add_argument("--sequences", type=int, default=8, help="answers generated at once (8)")
     ht.add_argument(
