@@ -712,6 +712,31 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert len(recorded) == len(answers)
 
 
+def test_each_layer_the_package_ships_loads_and_matches_its_manifest():
+    """Every layer in the package's trained/ folder reads with this specwise (a change of the
+    layout must ship the layer again, `make eagle-layer`), is the file its manifest hashed,
+    and was made for the catalog model whose sha256 names its folder."""
+    import hashlib
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    from specwise.drafters.eagle import FILE
+    from specwise.models import CATALOG
+
+    shipped = Path(str(resources.files("specwise"))) / "trained"
+    files = sorted(shipped.glob("*/" + FILE))
+    for f in files:
+        manifest = json.loads((f.parent / "manifest.json").read_text())
+        assert manifest["file_sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+        assert f.parent.name in {m.sha256 for m in CATALOG.values()}
+        layer = Layer.load(f)
+        assert layer.meta["sha256"] == f.parent.name and manifest["format"] == FORMAT
+        assert manifest["bench"]["alpha"] and manifest["rebuild"]
+    if not files:
+        pytest.skip("no layer ships in this checkout")
+
+
 def test_a_trained_layer_is_not_among_the_default_drafters(smollm2_path, tmp_path, monkeypatch):
     """With a layer trained for the target, `--k auto` still drafts with the n-gram and suffix
     drafters (and the draft model) only: beside them the layer made auto slower where it was
