@@ -171,12 +171,14 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         print(f"specwise: training {origin} further ({len(layer.meta['history'])} trainings "
               f"before, {_seen(layer.meta['history'])} positions seen)", file=sys.stderr)
     else:
-        ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=sorted(target.eos_token_ids))
+        ends = sorted(target.eos_token_ids)
+        ids = eagle_training.choose_vocab(data, a.vocab or 4096, always=ends)
         meta = {"key": model_key(model)[:20], "model": model.name, "sha256": model_key(model)}
         layer = Layer(target.hidden_size // len(layers), layers, ids, target.vocab_size,
                       width=width, depth=depth, meta=meta,
                       unembedding=weights.unembedding(target, ids),
-                      final_norm=weights.final_norm(target), embedding=weights.embedding(target, ids))
+                      final_norm=weights.final_norm(target),
+                      embedding=weights.embedding(target, ids))
     print(f"specwise: {len(data)} positions; a vocabulary of {len(ids)} tokens covers "
           f"{eagle_training.coverage(data, ids):.1%} of the target's top tokens", file=sys.stderr)
     size = ("" if a.positions is None else f"-{a.positions}") + (
@@ -237,10 +239,10 @@ WIDTH, DEPTH = 768, 4  # a new eagle layer's, unless --width and --depth say
 def _start_layer(name: str, model: Path, layers: list[int], target) -> tuple:
     """(layer, what it is) for `--from NAME`: `shipped` (the layer specwise ships for the
     target), `installed` (the one trained here) or a layer file; trained further, it keeps its
-    vocabulary, shape and weights, its training so far as its meta's `history`
-    (`eagle_training.lineage`) and, as its start, the file's digest (a checkpoint of another
-    start is not resumed). One UsageError where the layer is missing, unreadable or made for
-    another target."""
+    vocabulary, shape and weights, its training so far (the record its file's meta holds) as
+    its meta's `history` (`eagle_training.lineage`) and, as its start, the file's digest (a
+    checkpoint of another start is not resumed). One UsageError where the layer is missing,
+    unreadable or made for another target."""
     import hashlib
 
     from specwise import eagle_training
@@ -251,8 +253,9 @@ def _start_layer(name: str, model: Path, layers: list[int], target) -> tuple:
     path = paths.get(name, Path(name))
     if not path.is_file():
         where = {"shipped": f"no layer ships for {model.name}",
-                 "installed": f"no layer is trained for {model.name} here"}.get(name, "no such file")
-        raise UsageError(f"--from {name}: {where}; use shipped, installed or a layer file")
+                 "installed": f"no layer is trained for {model.name} here"}
+        where_not = where.get(name, "no such file")
+        raise UsageError(f"--from {name}: {where_not}; use shipped, installed or a layer file")
     try:
         layer = eagle.Layer.load(path)
     except ValueError as exc:
@@ -265,12 +268,9 @@ def _start_layer(name: str, model: Path, layers: list[int], target) -> tuple:
             f"--from {name}: {path} is a layer for {layer.meta.get('model', 'another model')} "
             f"(layers {list(layer.layers)}, width {layer.hidden_size}), not for {model.name}"
         )
-    record = path.with_suffix(".json")
-    if path.parent.joinpath("manifest.json").is_file() and not record.is_file():
-        record = path.parent / "manifest.json"  # a shipped layer's record
-    earlier = json.loads(record.read_text()) if record.is_file() else layer.meta
+    history = eagle_training.lineage(layer.meta)  # its meta is its training record
     layer.meta = {k: layer.meta[k] for k in ("key", "model", "sha256") if k in layer.meta}
-    layer.meta["history"] = eagle_training.lineage(earlier)
+    layer.meta["history"] = history
     layer.start = "layer " + hashlib.sha256(path.read_bytes()).hexdigest()
     return layer, path
 
