@@ -15,7 +15,14 @@ import pytest
 from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
 from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
-from specwise.drafters.eagle_layer import COPY_N, FORMAT, UNNAMED, projected
+from specwise.drafters.eagle_layer import (
+    COPY_N,
+    FORMAT,
+    UNNAMED,
+    projected,
+    restored,
+    stored,
+)
 from specwise.drafters.ngram import continuations
 from specwise.oracle import plain_decode
 from test_heads import SAMPLED, assert_emits_the_target_distribution
@@ -549,6 +556,23 @@ def test_a_layer_outscores_another_only_on_the_same_bench_answers():
     assert not eagle_training.outscores(rec(0.4), {"bench": None})
 
 
+def test_a_layer_file_keeps_matrices_in_int8_per_row_within_half_a_step_and_reads_old_ones():
+    import torch
+
+    w = torch.tensor([[0.5, -1.27, 0.004], [0.0, 0.0, 0.0], [3e-9, -2e-9, 0.0]])
+    b = torch.tensor([0.1, -2.0])
+    kept = stored({"w": w, "b": b})
+    assert kept["w"]["int8"].dtype == torch.int8 and kept["b"].dtype == torch.float16
+    assert kept["w"]["int8"][0].tolist() == [50, -127, 0]  # the row's largest is 127 steps
+    back = restored(kept)
+    step = w.abs().amax(dim=1) / 127
+    assert torch.all((back["w"] - w).abs() <= step[:, None] / 2 + 1e-3 * step[:, None] + 1e-7)
+    assert back["w"][1].tolist() == [0.0, 0.0, 0.0] and not back["w"].isnan().any()
+    assert back["b"].dtype == torch.float32 and torch.allclose(back["b"], b, atol=1e-3)
+    # a file written before int8 (float16 tensors) reads the same way
+    assert restored({"w": w.half()})["w"].dtype == torch.float32
+
+
 def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(tmp_path):
     layer = Layer(9, LAYERS, [0, 1, 2], 3, width=8)
     with pytest.raises(ValueError, match="no layer states"):
@@ -568,7 +592,7 @@ def test_eagle_refuses_a_target_without_its_layers_and_reads_back_what_it_saved(
     h = np.ones((2, 27), np.float32)
     got = again.read(again.new_cache(), h, [0, 1])[2].numpy()
     want = layer.read(layer.new_cache(), h, [0, 1])[2].numpy()
-    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-3)  # float16 file
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-3)  # int8 file
     (tmp_path / "bad.pt").write_bytes(b"not a layer")
     with pytest.raises(ValueError, match="holds no drafting layer"):
         Layer.load(tmp_path / "bad.pt")
