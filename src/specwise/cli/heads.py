@@ -464,7 +464,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="share of the positions the target answers by decoding, the rest read (0.5)",
     )
     hd.add_argument("--minutes", type=float, help="stop after this long (default: no limit)")
-    hd.add_argument("--sequences", type=int, default=8, help="answers decoded at once (8)")
+    hd.add_argument("--sequences", type=int, default=16, help="answers decoded at once (16)")
     hd.add_argument(
         "--invent", type=int, default=0, metavar="N",
         help="first have the target answer N invention prompts (lists of users' asks, and "
