@@ -268,8 +268,8 @@ class Layer:
 def stored(weights: dict) -> dict:
     """A module's weights as a layer file keeps them: each matrix as int8 per row with its
     row's scale (float16: the largest magnitude over 127), as drafting's int8 copy quantizes a
-    Linear's; vectors as float16. Half of float16's bytes (a shipped layer is in git), and
-    measured lossless: the shipped 421k layer's bench α1 0.5114 against 0.5111 in float16."""
+    Linear's; vectors as float16. Half of float16's bytes (a shipped layer is in git), with
+    the same α on the bench's answers (BENCHMARKS.md, the eagle layer)."""
     import torch
 
     out: dict = {}
