@@ -107,7 +107,8 @@ def copies(data: Data) -> tuple[np.ndarray, np.ndarray]:
         ids = np.full(len(data), -1, dtype=np.int64)
         sizes = np.zeros(len(data), dtype=np.int64)
         for a, n in zip(data.starts.tolist(), data.lengths.tolist(), strict=True):
-            ids[a : a + n], sizes[a : a + n] = continuations(data.tokens[a : a + n].tolist(), COPY_N)
+            got = continuations(data.tokens[a : a + n].tolist(), COPY_N)
+            ids[a : a + n], sizes[a : a + n] = got
         got = data._copies = (ids, sizes)
     return got
 
@@ -236,8 +237,9 @@ def train(
     resuming from `checkpoint` where it holds one for the same vocabulary, shape, start
     (`Layer.start`), training positions and `lr`; returns what was done and `evaluate` on the
     held-out sequences. With `curve` (positions seen) and `judge` (a layer -> its scores),
-    the result's `curve` holds what `judge` said as the training passed each of them: in a first epoch, the layer trained on that many
-    distinct positions, at the learning rate of that point of the schedule."""
+    the result's `curve` holds what `judge` said as the training passed each of them: in a
+    first epoch, the layer trained on that many distinct positions, at the learning rate of
+    that point of the schedule."""
     import torch
     from tqdm import tqdm
 

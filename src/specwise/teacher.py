@@ -272,14 +272,14 @@ def answer(
     on_sequence: Callable[[int], None] = lambda n: None,
     about: Sequence[dict] | None = None,
 ) -> None:
-    """Decoding: the target answers `prompts` (those the writer has done skipped, and a
-    prompt's repeats), between
-    half of `sequences` and all of them in every forward, until `until()` says stop: from then on it starts
-    no answer and finishes those begun (an interrupt drops them; their prompts are not asked
-    again). A prompt's answer is greedy for even prompts, at temperature 0.7 for odd ones
-    (seeded by its index); its meta is named by that index (`answer_held_out` splits by it),
-    or, with `about` (a dict a prompt), is that dict over it (`greedy` False draws). A meta's
-    `ended` says whether the answer reached its end of turn (else it was cut at `max_tokens`)."""
+    """Decoding: the target answers `prompts` (those the writer has done skipped, and a prompt's
+    repeats), between half of `sequences` and all of them in every forward, until `until()` says
+    stop: from then on it starts no answer and finishes those begun (an interrupt drops them;
+    their prompts are not asked again). A prompt's answer is greedy for even prompts, at
+    temperature 0.7 for odd ones (seeded by its index); its meta is named by that index
+    (`answer_held_out` splits by it), or, with `about` (a dict a prompt), is that dict over it
+    (`greedy` False draws). A meta's `ended` says whether the answer reached its end of turn
+    (else it was cut at `max_tokens`)."""
     tok = target.tokenizer
     todo = [i for i, p in enumerate(prompts) if not writer.done("answer", _digest(p))]
     live: dict[int, dict] = {}
@@ -524,7 +524,8 @@ def collect(
 
     def moved(n: int) -> None:
         bar.update(max(0, min(positions, writer.positions()) - bar.n))
-        bar.set_postfix(read=f"{writer.rate('read'):.0f}/s", answer=f"{writer.rate('answer'):.0f}/s")
+        rates = {kind: f"{writer.rate(kind):.0f}/s" for kind in KINDS}
+        bar.set_postfix(**rates)
 
     with contextlib.ExitStack() as stack:
         pressed = stack.enter_context(interruptible(progress))
@@ -580,7 +581,9 @@ class Data:
         if not shards:
             raise ValueError(f"{folder} holds no data yet; make some with `specwise heads data`")
         self._states = [np.load(p / "states.npy", mmap_mode="r") for p in shards]
-        load = lambda name: np.concatenate([np.load(p / f"{name}.npy") for p in shards])  # noqa: E731
+        def load(name: str) -> np.ndarray:
+            return np.concatenate([np.load(p / f"{name}.npy") for p in shards])
+
         self.tokens = load("tokens").astype(np.int64)
         self.label_ids = load("label_ids")
         self.label_probs = load("label_probs")

@@ -146,7 +146,9 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
         )
     lr = eagle_training.LR if a.lr is None else a.lr
     if not 0 < lr < 1:
-        raise UsageError(f"--lr {a.lr}: use a learning rate between 0 and 1, e.g. {eagle_training.LR}")
+        raise UsageError(
+            f"--lr {a.lr}: use a learning rate between 0 and 1, e.g. {eagle_training.LR}"
+        )
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
     if not kinds or set(kinds) - set(teacher.KINDS):
         raise UsageError(
@@ -223,9 +225,10 @@ def _heads_train_eagle(a: argparse.Namespace) -> int:
     if result.get("curve"):
         print(_curve_table(result["curve"]))
     if kept:
+        old, new = installed["bench"]["alpha"][0], result["bench"]["alpha"][0]
         print(f"specwise: kept the layer installed: on the bench's answers it scores α1 "
-              f"{installed['bench']['alpha'][0]:.3f}, the new one {result['bench']['alpha'][0]:.3f}; "
-              f"the new one is saved to {out} (--replace installs a new layer whatever it scores)")
+              f"{old:.3f}, the new one {new:.3f}; the new one is saved to {out} (--replace "
+              "installs a new layer whatever it scores)")
         return 0
     print(f"specwise: saved to {out} (its training beside it, {out.with_suffix('.json').name}); "
           "draft with --drafter eagle (or among them, with --k auto)")
@@ -368,7 +371,8 @@ def cmd_heads(a: argparse.Namespace) -> int:
         return _heads_data(a)
     if a.heads_command == "ship":
         return _heads_ship(a)
-    if not a.minutes > 0 or a.heads < 1 or (a.vocab is not None and a.vocab < 16) or a.sequences < 1:
+    small_vocab = a.vocab is not None and a.vocab < 16
+    if not a.minutes > 0 or a.heads < 1 or small_vocab or a.sequences < 1:
         raise UsageError(
             "--minutes needs a number > 0, --heads an integer >= 1, --vocab >= 16 and "
             "--sequences >= 1"

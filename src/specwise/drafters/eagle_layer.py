@@ -465,9 +465,9 @@ def _module_class():
 
         # -- training ------------------------------------------------------------------------
         def unroll(self, s, t, c, n, depth: int, states: bool = False):
-            """Training-time test over answers: states s [B, L, S], token indices t [B, L + depth - 1]
-            (t[:, i] follows position i; then the tokens after them) and their copies c, n
-            (indices and match lengths, as t); returns the logits
+            """Training-time test over answers: states s [B, L, S], token indices
+            t [B, L + depth - 1] (t[:, i] follows position i; then the tokens after them) and
+            their copies c, n (indices and match lengths, as t); returns the logits
             [B, L, n_ids + 1] of each draft depth 1..depth (depth j at position i predicts the
             token after t[:, i + j - 1]), and with `states` also each depth's predicted state
             ŝ [B, L, d] (depth j at i: the target's top state at i + j, as it would be)."""
