@@ -102,15 +102,15 @@ def _windows(data: Data, sequences: np.ndarray, rng: np.random.Generator | None)
 def copies(data: Data) -> tuple[np.ndarray, np.ndarray]:
     """Each position's copy (`ngram.continuations` over its sequence up to it, the layer's
     `COPY_N`): target ids [n] (-1: none) and match lengths [n]; computed once a `Data`."""
-    got = getattr(data, "_copies", None)
-    if got is None:
+    cached = getattr(data, "_copies", None)
+    if cached is None:
         ids = np.full(len(data), -1, dtype=np.int64)
         sizes = np.zeros(len(data), dtype=np.int64)
         for a, n in zip(data.starts.tolist(), data.lengths.tolist(), strict=True):
-            got = continuations(data.tokens[a : a + n].tolist(), COPY_N)
-            ids[a : a + n], sizes[a : a + n] = got
-        got = data._copies = (ids, sizes)
-    return got
+            span = slice(a, a + n)
+            ids[span], sizes[span] = continuations(data.tokens[span].tolist(), COPY_N)
+        cached = data._copies = (ids, sizes)
+    return cached
 
 
 def _batch(layer: Layer, data: Data, windows, depth: int):
