@@ -263,10 +263,6 @@ def test_a_baseline_engine_runs_beside_the_configurations():
     runner = Runner(ToyLM(vocab=12, seed=0), None, opts, baseline=ToyLM(vocab=12, seed=0))
     assert list(runner.engines) == ["plain", "plain on toy", "ngram k=2"]
     assert [c.spec for c in runner.configs("chat")] == ["plain", "plain on toy", "ngram k=2"]
-    plain = ToyLM(vocab=12, seed=0)  # the target without the states a drafter reads
-    runner = Runner(ToyLM(vocab=12, seed=0), None, opts, plain=plain)
-    assert runner.engines["plain"].target is plain
-    assert runner.engines["ngram k=2"].target is runner.target
 
 
 def test_auto_against_hindsight():

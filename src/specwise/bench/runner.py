@@ -113,28 +113,20 @@ class Options:
 
 
 class Runner:
-    """Runner(target, draft_lm, options, baseline=None, plain=None): builds one engine per
-    configuration and runs them. baseline: the same target on another backend (mainline
-    llama.cpp) or in the other mode (exact or default), whose plain decoding runs beside the
-    rest as `plain on <backend>[ (mode)]` (timed, never checked for equivalence: two libraries
-    or modes may round a near-tie differently). plain: the same target loaded without the
-    layer states the drafters make `target` keep, where they do: plain decoding is then what
-    a run without speculation gets, and what keeping the states costs counts against
-    speculation."""
+    """Runner(target, draft_lm, options, baseline=None): builds one engine per configuration
+    and runs them. baseline: the same target on another backend (mainline llama.cpp) or in
+    the other mode (exact or default), whose plain decoding runs beside the rest as `plain on
+    <backend>[ (mode)]` (timed, never checked for equivalence: two libraries or modes may
+    round a near-tie differently)."""
 
     def __init__(
-        self,
-        target: LM,
-        draft_lm: LM | None,
-        options: Options,
-        baseline: LM | None = None,
-        plain: LM | None = None,
+        self, target: LM, draft_lm: LM | None, options: Options, baseline: LM | None = None
     ) -> None:
         self.target, self.options = target, options
         if set(DRAFT_MODEL) & set(options.drafters) and draft_lm is None:
             raise ValueError("a draft model's drafter needs a draft model (--draft or --pair)")
         self._draft_lm = draft_lm
-        self.engines: dict[str, Engine] = {"plain": Engine(plain or target)}
+        self.engines: dict[str, Engine] = {"plain": Engine(target)}
         if baseline is not None:
             mode = {True: " (exact)", False: " (default mode)"}[baseline.info.exact]
             name = baseline.info.backend + (

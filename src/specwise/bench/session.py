@@ -55,13 +55,12 @@ def run_bench(
     stream=None,
     json_line: bool = False,
     baseline: LM | None = None,
-    plain: LM | None = None,
 ) -> Report:
     from tqdm import tqdm
 
     stream = stream or sys.stdout
     out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(target, draft, options, baseline, plain)
+    runner = Runner(target, draft, options, baseline)
     total = sum(len(runner.configs(p.category)) for p in prompts) * options.repeats
     records: list[dict] = []
     rounds: list[dict] = []

@@ -126,14 +126,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         # mainline llama.cpp, for what ik_llama gains.
         other = a.backend if a.exact else "llama_cpp"
         baseline, _ = load_pair(target.info.model, None, other, a.threads, 1)
-    plain = None
-    if target.hidden_size:  # states a drafter reads: plain decoding runs without them
-        from specwise.backends import load
-
-        plain = load(target.info.model, a.backend, a.threads, 1, exact=a.exact)
-        info["plain"] = "the target loaded without hidden states"
-    kw = {"json_line": a.json, "baseline": baseline, "plain": plain}
-    run_bench(target, draft, prompts, options, out, info, **kw)
+    run_bench(target, draft, prompts, options, out, info, json_line=a.json, baseline=baseline)
     return 0
 
 
