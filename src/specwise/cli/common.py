@@ -49,8 +49,8 @@ def _default_drafters(draft: bool, auto: bool) -> list[str]:
     """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
     drafters and the draft model when there is one; with a fixed k the draft model if there
     is one, else the n-gram drafter. The bench's `auto` runs over the same set. The eagle
-    drafter is asked for by name (`--drafter ...,eagle`): beside these it has added 2-5% to
-    `auto` on the categories' prompts where it was measured, within the runs' noise
+    drafter is asked for by name (`--drafter ...,eagle`): beside these it has added to `auto`
+    on the categories' prompts no more than the runs' noise where it was measured
     (BENCHMARKS.md, the eagle layer)."""
     if auto:
         return ["ngram", "suffix", *(["model"] if draft else [])]
