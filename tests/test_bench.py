@@ -491,9 +491,9 @@ def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extr
 def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default(
     tmp_path, monkeypatch
 ):
-    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix and
-    the draft model; not the eagle layer, even where one is trained); the numeric k's run the
-    draft model and the n-gram drafter. Asking does not pull the target."""
+    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix, the
+    draft model, and the eagle layer shipped or trained for the target); the numeric k's run
+    the draft model and the n-gram drafter. Asking does not pull the target."""
     from specwise.cli import build_parser
     from specwise.cli.bench import _bench_drafters
     from specwise.drafters import eagle
@@ -503,20 +503,18 @@ def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default(
         return _bench_drafters(build_parser().parse_args(["bench", *args]))
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))  # no model pulled
-    mine = eagle.heads_path(PAIRS[DEFAULT_PAIR].target) / eagle.FILE
-    mine.parent.mkdir(parents=True)
-    eagle.Layer(8, (1, 2, 3), [0, 1], 151936, width=8).save(mine)
-    assert drafters() == (["ngram", "suffix", "model"], ["model", "ngram"])
+    assert eagle.shipped_path(PAIRS[DEFAULT_PAIR].target).is_file()
+    every = ["ngram", "suffix", "model", "eagle"]
+    assert drafters() == (every, ["model", "ngram"])  # the default pair ships a layer
+    assert drafters("--quick") == (every, ["model", "ngram"])
     assert drafters("--drafter", "ngram,eagle")[0] == ["ngram", "eagle"]
+    assert drafters("--backend", "llama_cpp") == (every[:3], ["model", "ngram"])
     assert not (tmp_path / "models").exists()  # nothing pulled
-    mine.unlink()
 
-    assert drafters() == (["ngram", "suffix", "model"], ["model", "ngram"])  # the default pair
-    assert drafters("--quick") == (["ngram", "suffix", "model"], ["model", "ngram"])
     assert drafters("--target", "m.gguf") == (["ngram", "suffix"], ["ngram"])
     assert drafters("--k", "4") == (["model", "ngram"], ["model", "ngram"])
     assert drafters("--drafter", "ngram,heads") == (["ngram", "heads"], None)
-    assert drafters("--fixed-drafter", "ngram") == (["ngram", "suffix", "model"], ["ngram"])
+    assert drafters("--fixed-drafter", "ngram") == (every, ["ngram"])
 
 
 def test_quick_runs_auto_alone_against_plain_which_is_what_its_verdict_reads():

@@ -761,22 +761,61 @@ def test_each_layer_the_package_ships_loads_and_matches_its_manifest():
         pytest.skip("no layer ships in this checkout")
 
 
-def test_a_trained_layer_is_not_among_the_default_drafters(smollm2_path, tmp_path, monkeypatch):
-    """With a layer trained for the target, `--k auto` still drafts with the n-gram and suffix
-    drafters (and the draft model) only: beside them the layer has added to `auto` no more
-    than the runs' noise where it was measured; `--drafter ...,eagle` asks for it."""
+def test_a_layer_found_for_the_target_is_among_auto_s_default_drafters(
+    smollm2_path, tmp_path, monkeypatch
+):
+    """With a layer trained for the target, `--k auto` drafts with it beside the n-gram and
+    suffix drafters (and the draft model); a fixed k, --backend llama_cpp (which cannot keep
+    the layers' states) or a target without a layer leave it out."""
     from specwise.cli import build_parser
     from specwise.cli.common import _default_drafters, _drafter_names
     from specwise.drafters import eagle
 
     assert _default_drafters(True, True) == ["ngram", "suffix", "model"]
-    assert _default_drafters(False, False) == ["ngram"]  # a fixed k: one drafter
+    assert _default_drafters(True, True, True) == ["ngram", "suffix", "model", "eagle"]
+    assert _default_drafters(False, False, True) == ["ngram"]  # a fixed k: one drafter
+
+    def names(*flags):
+        a = build_parser().parse_args(["generate", "--target", str(smollm2_path), *flags, "hi"])
+        return _drafter_names(a)
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    assert names("--k", "auto") == ["ngram", "suffix"]  # no layer for it
+    Layer(576, eagle.layers_for(30), list(range(64)), 49152, width=16).save(
+        eagle.heads_path(smollm2_path) / eagle.FILE
+    )
+    assert names("--k", "auto") == ["ngram", "suffix", "eagle"]
+    assert names("--k", "auto", "--backend", "llama_cpp") == ["ngram", "suffix"]
+    assert names("--k", "4") == ["ngram"]
+    assert names("--k", "auto", "--drafter", "ngram") == ["ngram"]
+
+
+def test_a_default_layer_the_backend_cannot_run_is_dropped_with_a_note(
+    smollm2_path, tmp_path, monkeypatch, capsys
+):
+    """Where the backend chosen cannot keep the layers' states (mainline llama.cpp), a layer
+    among the default drafters is dropped with one line saying why and the engine drafts with
+    the others; asked for by name, the error stands, in one sentence."""
+    import specwise.cli.common
+    from specwise.cli import build_parser, main
+    from specwise.cli.common import _build_engine
+    from specwise.drafters import eagle
+
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     Layer(576, eagle.layers_for(30), list(range(64)), 49152, width=16).save(
         eagle.heads_path(smollm2_path) / eagle.FILE
     )
-    a = build_parser().parse_args(["generate", "--target", str(smollm2_path), "--k", "auto", "hi"])
-    assert _drafter_names(a) == ["ngram", "suffix"]
+    monkeypatch.setattr(specwise.cli.common, "_layer_found", lambda a: True)  # as `auto` would
+    flags = ["--target", str(smollm2_path), "--backend", "llama_cpp", "--k", "auto"]
+    engine = _build_engine(build_parser().parse_args(["generate", *flags, "hi"]))
+    assert [d.name for d in engine.drafters] == ["ngram", "suffix"]
+    assert "drafting without the eagle layer: llama_cpp gives the final hidden state only" in (
+        capsys.readouterr().err
+    )
+    engine.target.close()
+    assert main(["generate", *flags, "--drafter", "ngram,eagle", "--max-tokens", "2", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "llama_cpp gives the final hidden state only" in err and "Traceback" not in err
 
 
 def test_a_layer_of_an_older_format_is_refused_in_one_sentence(smollm2_path, tmp_path, monkeypatch):

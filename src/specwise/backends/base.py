@@ -44,6 +44,7 @@ __all__ = [
     "LM",
     "BackendInfo",
     "HiddenLog",
+    "NoLayerStates",
     "Reserved",
     "Tokenizer",
     "check_append",
@@ -160,6 +161,11 @@ class LM(Protocol):
     def truncate(self, seq: int, n: int) -> None: ...
     def release(self, seq: int) -> None: ...
     def in_use(self) -> int: ...  # sequences holding cache now (0 once all are released)
+
+
+class NoLayerStates(ValueError):
+    """The backend cannot give the outputs of the layers asked for (`LM.hidden_layers`), only
+    its final hidden state, if that."""
 
 
 def check_layers(hidden: bool | Sequence[int], n_layers: int) -> tuple[int, ...]:

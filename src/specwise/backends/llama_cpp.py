@@ -58,6 +58,7 @@ import numpy as np
 from specwise.backends.base import (
     BackendInfo,
     HiddenLog,
+    NoLayerStates,
     check_append,
     check_layers,
     check_path,
@@ -229,7 +230,8 @@ class LlamaCppLM:
         without pooling return the output layer's input beside the logits, in the same order;
         the outputs of other layers they do not return."""
         if self.hidden_layers:
-            raise ValueError(
+            self.close()
+            raise NoLayerStates(
                 f"{self.backend} gives the final hidden state only, not the outputs of layers "
                 f"{list(self.hidden_layers)}; use --backend ik_llama (or torch)"
             )

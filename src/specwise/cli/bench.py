@@ -19,6 +19,7 @@ from specwise.cli.common import (
     _apply_pair,
     _default_drafters,
     _drafter_options,
+    _layer_found,
     _load_drafting,
     _load_models,
 )
@@ -32,14 +33,16 @@ __all__ = ["add_parser", "cmd_bench"]
 def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]:
     """(drafters, those run at the numeric k's; None: all) for `bench`. --drafter and
     --fixed-drafter where given; by default `auto` runs over what generate and serve use by
-    default (`_default_drafters`), and the numeric k's run the draft model and the n-gram
-    drafter (the n-gram drafter alone without a draft model)."""
+    default (`_default_drafters`: the eagle layer among them where one is found), and the
+    numeric k's run the draft model and the n-gram drafter (the n-gram drafter alone without
+    a draft model)."""
     fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None
     if a.drafter:
         return a.drafter.split(","), fixed
     _apply_pair(a)
     draft = bool(a.draft)
-    drafters = _default_drafters(draft, "auto" in (a.k or ["auto"]))
+    auto = "auto" in (a.k or ["auto"])
+    drafters = _default_drafters(draft, auto, auto and _layer_found(a))
     fixed = fixed or (["model", "ngram"] if draft else ["ngram"])
     return list(dict.fromkeys(drafters + fixed)), fixed
 

@@ -45,16 +45,35 @@ def _apply_pair(a: argparse.Namespace) -> None:
         a.draft = a.draft or pair.draft
 
 
-def _default_drafters(draft: bool, auto: bool) -> list[str]:
+def _default_drafters(draft: bool, auto: bool, layer: bool = False) -> list[str]:
     """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
-    drafters and the draft model when there is one; with a fixed k the draft model if there
-    is one, else the n-gram drafter. The bench's `auto` runs over the same set. The eagle
-    drafter is asked for by name (`--drafter ...,eagle`): beside these it has added to `auto`
-    on the categories' prompts no more than the runs' noise where it was measured
-    (BENCHMARKS.md, the eagle layer)."""
+    drafters, the draft model when there is one and the eagle layer where one is found for the
+    target (`layer`, `_layer_found`); with a fixed k the draft model if there is one, else the
+    n-gram drafter. The bench's `auto` runs over the same set."""
     if auto:
-        return ["ngram", "suffix", *(["model"] if draft else [])]
+        return ["ngram", "suffix", *(["model"] if draft else []), *(["eagle"] if layer else [])]
     return ["model"] if draft else ["ngram"]
+
+
+def _layer_found(a: argparse.Namespace) -> bool:
+    """Whether an eagle layer is trained here or shipped for --target (`eagle.find`; a catalog
+    name is looked up without pulling it), unless --backend llama_cpp, which cannot keep the
+    layers' states (a backend chosen that cannot: `_load_drafting` drops the layer)."""
+    from specwise.backends import resolve_model
+    from specwise.drafters import eagle
+    from specwise.models import CATALOG
+
+    if a.backend == "llama_cpp" or not a.target:
+        return False
+    target = str(a.target)
+    if target not in CATALOG:
+        if not (Path(target).exists() or target.startswith("ollama:")):
+            return False
+        try:
+            target = resolve_model(target)
+        except (OSError, ValueError):  # the load says why
+            return False
+    return eagle.find(target) is not None
 
 
 def _drafter_names(a: argparse.Namespace) -> list[str]:
@@ -64,7 +83,8 @@ def _drafter_names(a: argparse.Namespace) -> list[str]:
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     else:
-        names = _default_drafters(bool(a.draft), a.k == "auto")
+        auto = a.k == "auto"
+        names = _default_drafters(bool(a.draft), auto, auto and _layer_found(a))
     from specwise.drafters import DRAFTERS
 
     for n in names:
@@ -108,7 +128,20 @@ def _load_drafting(
     max_sequences: int = 1,
 ):
     """`_load_models` for drafters `names` (the target keeping the states they read,
-    `_hidden`)."""
+    `_hidden`). Where the eagle layer was among the default drafters (no --drafter) and the
+    backend chosen cannot keep its states, it is dropped from `names` and `options` with a
+    note, and the models load without it."""
+    from specwise.backends.base import NoLayerStates
+
+    try:
+        return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
+    except NoLayerStates as exc:
+        named = a.drafter or "eagle" in (getattr(a, "auto_drafters", None) or "")
+        if named or "eagle" not in names:  # asked for by name: the error stands
+            raise
+        print(f"specwise: drafting without the eagle layer: {exc}", file=sys.stderr)
+    names.remove("eagle")
+    del options["eagle"]
     return _load_models(a, need_draft, max_sequences, hidden=_hidden(names, options))
 
 
@@ -186,9 +219,11 @@ def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
     names = _drafter_names(a)
     adapts = _adapted_drafter(a, names)
     options = _drafter_options(a, names)
-    adapter = _adapter(a, adapts, options)
     need_draft = any(n in DRAFT_MODEL for n in names)
     target, draft = _load_drafting(a, names, options, need_draft, max_sequences)
+    if adapts and adapts not in names:  # the layer, dropped where the backend cannot run it
+        adapts = _adapted_drafter(a, names)
+    adapter = _adapter(a, adapts, options)
     if draft is not None and a.k == "auto" and not a.drafter and draft.tokenizer is not None:
         try:
             check_same_vocab(target, draft)
