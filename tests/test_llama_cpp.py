@@ -338,3 +338,22 @@ def test_agrees_with_the_torch_backend_on_the_same_file(smollm2, smollm2_path):
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
     corr = [np.corrcoef(x, y)[0, 1] for x, y in zip(a, b, strict=True)]
     assert min(corr) > 0.98, corr
+
+
+def test_on_own_thread_runs_on_a_thread_that_ends_and_hands_back_its_result_or_error():
+    """`on_own_thread` (where `specwise serve` loads and measures its models, so that the main
+    thread keeps no OpenMP pool beside the scheduler's): fn runs off the caller's thread, on a
+    thread that has ended by the time it returns, and its value or exception comes back."""
+    import threading
+
+    from specwise.backends.llama_lib import on_own_thread
+
+    seen = []
+    assert on_own_thread(lambda: seen.append(threading.current_thread()) or 7) == 7
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+    def fail():
+        raise ValueError("--target 'x' is unknown")
+
+    with pytest.raises(ValueError, match="--target 'x' is unknown"):
+        on_own_thread(fail)

@@ -1,7 +1,9 @@
 """Mainline llama.cpp's library as llama-cpp-python binds it: imported once, its backend
 initialised and its log routed (`library`; any llama.cpp library's log, ik_llama's too:
 `route_log`, read back by `last_errors` for error messages), what the build carries
-(`system_info`, `build_has_amx`), the threads it runs by default (`default_threads`), the check
+(`system_info`, `build_has_amx`), the threads it runs by default (`default_threads`) and where
+a process that serves from another thread should load and measure its models (`on_own_thread`),
+the check
 that a file is GGUF (`check_gguf`), and `LlamaTokenizer`, the Tokenizer protocol over a GGUF
 model's vocabulary and chat template through llama.cpp's vocabulary API (ik_llama's models use
 it as well).
@@ -15,8 +17,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = [
     "LlamaTokenizer",
@@ -26,10 +29,12 @@ __all__ = [
     "default_threads",
     "last_errors",
     "library",
+    "on_own_thread",
     "route_log",
     "system_info",
 ]
 
+T = TypeVar("T")
 _lib = None
 _log_lock = threading.Lock()
 _last_errors: list[str] = []
@@ -92,6 +97,30 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def on_own_thread(fn: Callable[[], T]) -> T:
+    """fn() run on a thread of its own, which ends with it; what it returns or raises. The
+    llama.cpp libraries compute on OpenMP, whose runtime keeps a pool of worker threads for
+    every thread that has run a forward, and spins them less once the pools together hold more
+    threads than the machine has cores: a process whose main thread ran forwards (loading,
+    probing, calibration) and that then decodes on another thread ran every step ~1.5x slower
+    (2-core Zen 5: 36.8 against 24.6 ms; `specwise serve`'s scheduler). A pool ends with its
+    thread, so a server loads and measures its models through this, and decodes on one thread."""
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="specwise-load", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]  # type: ignore[return-value]
 
 
 def check_gguf(path: Path) -> None:

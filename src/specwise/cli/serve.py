@@ -81,7 +81,11 @@ def _serve(a: argparse.Namespace, sockets: list | None) -> int:
     from specwise.trace import JsonlSink
 
     sink = JsonlSink(a.trace) if a.trace else None
-    engine = _build_engine(a, trace=sink, max_sequences=a.max_batch + 2)  # + engine's checks
+    from specwise.backends.llama_lib import on_own_thread
+
+    # + 2 sequences for the engine's checks; built on a thread that ends, so that the main
+    # thread holds no OpenMP pool beside the scheduler's (`on_own_thread`)
+    engine = on_own_thread(lambda: _build_engine(a, trace=sink, max_sequences=a.max_batch + 2))
     name = a.pair or engine.target.info.model
     if a.target and a.target.startswith("ollama:") and not a.pair:  # named as Ollama names it
         from specwise.stores import parse_name
