@@ -44,7 +44,6 @@ from specwise.backends import ik_api
 from specwise.backends.base import file_fingerprint, one_pass_each
 from specwise.backends.llama_cpp import LlamaCppLM
 from specwise.backends.llama_lib import route_log
-from specwise.backends.native_tap import NativeTap
 
 __all__ = ["UNAVAILABLE", "IkLlamaLM", "available", "probe", "usable_flash_attn"]
 
@@ -121,7 +120,7 @@ class IkLlamaLM(LlamaCppLM):
         self._tap = _HiddenTap(
             ik_api.open_ggml(self._lib), self._lib.llama_model_n_embd(self._model), names
         )
-        cparams.cb_eval, cparams.cb_eval_user_data = self._tap.address, self._tap.user_data
+        cparams.cb_eval = ctypes.cast(self._tap.callback, ctypes.c_void_p).value
 
     def _hidden_rows(self, ctx, at: Sequence[int]) -> np.ndarray:
         rows = self._tap.take()  # the tap's rows are the call's outputs (or all tokens) in order
@@ -147,14 +146,12 @@ class IkLlamaLM(LlamaCppLM):
         if not self.hidden_layers:
             raise ValueError("read needs an ik_llama target built with hidden layers")
         start = self.length(seq)
-        self._tap.reading(True)
-        self._no_logits = True
+        self._tap.final, self._no_logits = [], True
         try:
             self.forward([(seq, tokens)])
             final = self._tap.final
         finally:
-            self._tap.reading(False)
-            self._no_logits = False
+            self._tap.final, self._no_logits = None, False
         states = self.hiddens(seq, start)
         if states is None or len(states) != len(tokens):
             raise RuntimeError(f"ik_llama kept no layer states of sequence {seq}'s tokens")
@@ -229,12 +226,10 @@ class _HiddenTap:
     state `result_norm`, the output layer's input, one row per output; or layer outputs
     `l_out-i`, one row per token), through its scheduler's eval callback, which is asked about
     every node (~850 a forward of a 1.5B model: well under a millisecond) and computes the
-    graph up to the node wanted next. The asks are answered in C where the callback compiles
-    here (`native_tap`: Python then runs only for the nodes wanted), else in Python. While
-    `final` is a list (`reading`: `IkLlamaLM.read`), it also copies `result_norm` into it and
-    stops the graph there: nothing after it is computed. A callback must not raise into C; an
-    error is kept and raised by `take` (and a Ctrl-C is held until the forward ends:
-    `interrupts_after`). `address` and `user_data` are what a context's parameters take."""
+    graph up to the node wanted next. While `final` is a list (`IkLlamaLM.read`), it also
+    copies `result_norm` into it and stops the graph there: nothing after it is computed. A
+    callback must not raise into C; an error is kept and raised by `take` (and a Ctrl-C is
+    held until the forward ends: `interrupts_after`)."""
 
     def __init__(self, ggml, width: int, names: Sequence[str]) -> None:
         self._ggml, self.width = ggml, width
@@ -243,18 +238,6 @@ class _HiddenTap:
         self.final: list[np.ndarray] | None = None
         self._error: str | None = None
         self.callback = ik_api.eval_callback(self._on_tensor)
-        self._native = NativeTap.build(ggml.ggml_get_name, self.callback)
-        if self._native is None:
-            self.address, self.user_data = ctypes.cast(self.callback, ctypes.c_void_p).value, None
-        else:
-            self.address, self.user_data = self._native.callback, self._native.user_data
-        self.reading(False)
-
-    def reading(self, on: bool) -> None:
-        """Start (`on`) or end copying the final norm's rows into `final` and stopping there."""
-        self.final = [] if on else None
-        if self._native is not None:
-            self._native.want(self._names + ([FINAL_B] if on else []))
 
     def _on_tensor(self, tensor, ask: bool, _user) -> bool:
         try:
