@@ -682,11 +682,23 @@ def test_a_soak_with_faults_checks_its_answers_against_the_same_requests_alone(
 
 
 def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypatch):
+    """...and builds its engine on a thread that has ended before serving (`on_own_thread`:
+    a main thread that ran forwards left the scheduler's steps ~1.5x slower)."""
+    import threading
+
     import uvicorn
 
+    import specwise.cli.serve
     from specwise.cli import main
 
-    tokens = []
+    tokens, builders = [], []
+    build = specwise.cli.serve._build_engine
+
+    def build_noting_the_thread(*args, **kwargs):
+        builders.append(threading.current_thread())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(specwise.cli.serve, "_build_engine", build_noting_the_thread)
 
     def run(app, **_):  # instead of serving: two requests at once through the app
         body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 12}
@@ -702,6 +714,7 @@ def test_serve_writes_every_round_to_its_trace(smollm2_path, tmp_path, monkeypat
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len({r["request_id"] for r in rows}) == 2
     assert sum(r["emitted"] for r in rows) == sum(tokens) > 0
+    assert builders[0] is not threading.main_thread() and not builders[0].is_alive()
 
 
 def test_the_scheduler_saves_what_the_controller_learnt_between_rounds(tmp_path):
