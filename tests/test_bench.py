@@ -488,10 +488,10 @@ def test_bench_refuses_a_lossy_rule_it_cannot_measure(smollm2_path, capsys, extr
     assert words in capsys.readouterr().err
 
 
-def test_bench_auto_runs_over_the_drafters_generate_and_serve_use_by_default(
+def test_bench_auto_runs_over_the_drafters_serve_uses_by_default(
     tmp_path, monkeypatch
 ):
-    """Without --drafter, `auto` in the bench is the `auto` a user gets (n-gram, suffix, the
+    """Without --drafter, `auto` in the bench is serve's `auto` (n-gram, suffix, the
     draft model, and the eagle layer shipped or trained for the target); the numeric k's run
     the draft model and the n-gram drafter. Asking does not pull the target."""
     from specwise.cli import build_parser

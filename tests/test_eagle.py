@@ -761,12 +761,13 @@ def test_each_layer_the_package_ships_loads_and_matches_its_manifest():
         pytest.skip("no layer ships in this checkout")
 
 
-def test_a_layer_found_for_the_target_is_among_auto_s_default_drafters(
+def test_a_layer_found_for_the_target_is_among_serve_s_default_drafters(
     smollm2_path, tmp_path, monkeypatch
 ):
-    """With a layer trained for the target, `--k auto` drafts with it beside the n-gram and
-    suffix drafters (and the draft model); a fixed k, --backend llama_cpp (which cannot keep
-    the layers' states) or a target without a layer leave it out."""
+    """With a layer trained for the target, serve's `--k auto` drafts with it beside the
+    n-gram and suffix drafters (and the draft model); generate (whose start it would slow by
+    seconds for one answer), a fixed k, --backend llama_cpp (which cannot keep the layers'
+    states) or a target without a layer leave it out."""
     from specwise.cli import build_parser
     from specwise.cli.common import _default_drafters, _drafter_names
     from specwise.drafters import eagle
@@ -775,9 +776,10 @@ def test_a_layer_found_for_the_target_is_among_auto_s_default_drafters(
     assert _default_drafters(True, True, True) == ["ngram", "suffix", "model", "eagle"]
     assert _default_drafters(False, False, True) == ["ngram"]  # a fixed k: one drafter
 
-    def names(*flags):
-        a = build_parser().parse_args(["generate", "--target", str(smollm2_path), *flags, "hi"])
-        return _drafter_names(a)
+    def names(*flags, command="serve"):
+        args = [command, "--target", str(smollm2_path), *flags]
+        a = build_parser().parse_args(args + (["hi"] if command == "generate" else []))
+        return _drafter_names(a, layer=command == "serve")
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
     assert names("--k", "auto") == ["ngram", "suffix"]  # no layer for it
@@ -785,6 +787,7 @@ def test_a_layer_found_for_the_target_is_among_auto_s_default_drafters(
         eagle.heads_path(smollm2_path) / eagle.FILE
     )
     assert names("--k", "auto") == ["ngram", "suffix", "eagle"]
+    assert names("--k", "auto", command="generate") == ["ngram", "suffix"]
     assert names("--k", "auto", "--backend", "llama_cpp") == ["ngram", "suffix"]
     assert names("--k", "4") == ["ngram"]
     assert names("--k", "auto", "--drafter", "ngram") == ["ngram"]
@@ -807,7 +810,7 @@ def test_a_default_layer_the_backend_cannot_run_is_dropped_with_a_note(
     )
     monkeypatch.setattr(specwise.cli.common, "_layer_found", lambda a: True)  # as `auto` would
     flags = ["--target", str(smollm2_path), "--backend", "llama_cpp", "--k", "auto"]
-    engine = _build_engine(build_parser().parse_args(["generate", *flags, "hi"]))
+    engine = _build_engine(build_parser().parse_args(["serve", *flags]), layer=True)
     assert [d.name for d in engine.drafters] == ["ngram", "suffix"]
     assert "drafting without the eagle layer: llama_cpp gives the final hidden state only" in (
         capsys.readouterr().err

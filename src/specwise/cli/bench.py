@@ -32,8 +32,8 @@ __all__ = ["add_parser", "cmd_bench"]
 
 def _bench_drafters(a: argparse.Namespace) -> tuple[list[str], list[str] | None]:
     """(drafters, those run at the numeric k's; None: all) for `bench`. --drafter and
-    --fixed-drafter where given; by default `auto` runs over what generate and serve use by
-    default (`_default_drafters`: the eagle layer among them where one is found), and the
+    --fixed-drafter where given; by default `auto` runs over what serve uses by default
+    (`_default_drafters`: the eagle layer among them where one is found), and the
     numeric k's run the draft model and the n-gram drafter (the n-gram drafter alone without
     a draft model)."""
     fixed = a.fixed_drafter.split(",") if a.fixed_drafter else None

@@ -47,9 +47,10 @@ def _apply_pair(a: argparse.Namespace) -> None:
 
 def _default_drafters(draft: bool, auto: bool, layer: bool = False) -> list[str]:
     """The drafters used where --drafter is not given: with k=auto the n-gram and suffix
-    drafters, the draft model when there is one and the eagle layer where one is found for the
-    target (`layer`, `_layer_found`); with a fixed k the draft model if there is one, else the
-    n-gram drafter. The bench's `auto` runs over the same set."""
+    drafters, the draft model when there is one and, for `layer` (serve and the bench, where
+    one is found for the target: `_layer_found`), the eagle layer; with a fixed k the draft
+    model if there is one, else the n-gram drafter. generate leaves the layer out: loading
+    torch and the layer takes seconds at every start, more than it saves on one answer."""
     if auto:
         return ["ngram", "suffix", *(["model"] if draft else []), *(["eagle"] if layer else [])]
     return ["model"] if draft else ["ngram"]
@@ -76,15 +77,15 @@ def _layer_found(a: argparse.Namespace) -> bool:
     return eagle.find(target) is not None
 
 
-def _drafter_names(a: argparse.Namespace) -> list[str]:
-    """The drafters asked for: --drafter a,b, else `_default_drafters` (the draft model's text
-    drafter, model-text, is added by `_build_engine` once both models are loaded, where its
-    tokenizer is not the target's)."""
+def _drafter_names(a: argparse.Namespace, layer: bool = False) -> list[str]:
+    """The drafters asked for: --drafter a,b, else `_default_drafters` (the eagle layer among
+    them for `layer`; the draft model's text drafter, model-text, is added by `_build_engine`
+    once both models are loaded, where its tokenizer is not the target's)."""
     if a.drafter:
         names = [n.strip() for n in a.drafter.split(",") if n.strip()]
     else:
         auto = a.k == "auto"
-        names = _default_drafters(bool(a.draft), auto, auto and _layer_found(a))
+        names = _default_drafters(bool(a.draft), auto, layer and auto and _layer_found(a))
     from specwise.drafters import DRAFTERS
 
     for n in names:
@@ -210,13 +211,17 @@ def _hidden(names: Sequence[str], options: dict[str, dict]) -> bool | tuple[int,
     return "heads" in names
 
 
-def _build_engine(a: argparse.Namespace, trace=None, max_sequences: int = 1):
+def _build_engine(
+    a: argparse.Namespace, trace=None, max_sequences: int = 1, layer: bool = False
+):
+    """The engine of generate and serve, with its drafters (`_drafter_names`; `layer`: the
+    eagle layer among the defaults, for serve), its controller and serve --adapt's learner."""
     from specwise.backends.base import check_same_vocab
     from specwise.drafters import make_drafters
     from specwise.engine import Engine
 
     _apply_pair(a)
-    names = _drafter_names(a)
+    names = _drafter_names(a, layer)
     adapts = _adapted_drafter(a, names)
     options = _drafter_options(a, names)
     need_draft = any(n in DRAFT_MODEL for n in names)

@@ -37,9 +37,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         help="drafters, comma separated (model, cascade, ngram, suffix, suffix-chain, heads, "
-        "eagle); default with --k auto: ngram and suffix, plus model with --draft and eagle "
-        "where a layer is trained or shipped for the target; with a fixed k: model with "
-        "--draft, else ngram",
+        "eagle); default with --k auto: ngram and suffix, plus model with --draft and (serve, "
+        "bench) eagle where a layer is trained or shipped for the target; with a fixed k: "
+        "model with --draft, else ngram",
     )
     p.add_argument(
         "--suffix-scope",

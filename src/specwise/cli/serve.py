@@ -85,7 +85,9 @@ def _serve(a: argparse.Namespace, sockets: list | None) -> int:
 
     # + 2 sequences for the engine's checks; built on a thread that ends, so that the main
     # thread holds no OpenMP pool beside the scheduler's (`on_own_thread`)
-    engine = on_own_thread(lambda: _build_engine(a, trace=sink, max_sequences=a.max_batch + 2))
+    engine = on_own_thread(
+        lambda: _build_engine(a, trace=sink, max_sequences=a.max_batch + 2, layer=True)
+    )
     name = a.pair or engine.target.info.model
     if a.target and a.target.startswith("ollama:") and not a.pair:  # named as Ollama names it
         from specwise.stores import parse_name
