@@ -2,11 +2,10 @@
 initialised and its log routed (`library`; any llama.cpp library's log, ik_llama's too:
 `route_log`, read back by `last_errors` for error messages), what the build carries
 (`system_info`, `build_has_amx`), the threads it runs by default (`default_threads`) and where
-a process that serves from another thread should load and measure its models (`on_own_thread`),
-the check
-that a file is GGUF (`check_gguf`), and `LlamaTokenizer`, the Tokenizer protocol over a GGUF
-model's vocabulary and chat template through llama.cpp's vocabulary API (ik_llama's models use
-it as well).
+a process that decodes on another thread loads and measures its models (`on_own_thread`), the
+check that a file is GGUF (`check_gguf`), and `LlamaTokenizer`, the Tokenizer protocol over a
+GGUF model's vocabulary and chat template through llama.cpp's vocabulary API (ik_llama's models
+use it as well).
 
 What this is not: an LM (`backends/llama_cpp.py` holds the contexts, sequences and forwards);
 it loads no model and keeps no state but the library and the last log lines.
