@@ -21,6 +21,8 @@ from specwise.controller import (
     PLAN_PATIENCE,
     PROBE_FIRST,
     PROBE_MAX,
+    PROBE_SHARE,
+    STAKE,
     Batch,
     Controller,
     Offered,
@@ -228,7 +230,8 @@ def test_first_and_later_draft_tokens_are_calibrated_apart():
 
 
 def test_probing_happens_with_doubling_gaps():
-    ctl = Controller([Named("model", False)], costs(STEEP, {"model": 5.0}))
+    """The schedule alone (no bound from what the request can lose: `stake=None`)."""
+    ctl = Controller([Named("model", False)], costs(STEEP, {"model": 5.0}), stake=None)
     ctl.set_prior("model", [0.0] * 8)
     probes = [i for i in range(200) if ctl.plan("r", room=8).probe]
     assert probes[0] < PROBE_FIRST
@@ -236,11 +239,53 @@ def test_probing_happens_with_doubling_gaps():
     assert list(gaps[:3]) == [2 * PROBE_FIRST, 4 * PROBE_FIRST, 8 * PROBE_FIRST]
 
 
+def test_a_request_probes_only_while_a_failed_probe_keeps_its_loss_within_its_share():
+    """Probes that all fail never leave a request having lost more than PROBE_SHARE of its
+    rounds at a plain round's price (three drafters probing on their own schedules included);
+    probes still happen, later and fewer than the schedule alone would make; a request whose
+    drafts have won probes on the schedule, one whose planned drafts lost as if they had not."""
+    names = ("model", "model-text", "cascade")
+
+    def run(stake, won=0.0, rounds=600):
+        drafters = [Named(n, False) for n in names]
+        ctl = Controller(drafters, costs(LINEAR, dict.fromkeys(names, 0.5)), stake=stake)
+        for n in names:
+            ctl.set_prior(n, [0.0] * 8)
+        if ctl.stake is not None:
+            ctl.stake.won["r"] = won
+        plain = ctl.pricing.round_ms(None, 0, Batch())
+        lost, probes = 0.0, []
+        for i in range(rounds):
+            plan = ctl.plan("r", room=8)
+            if plan.drafter is not None:
+                assert plan.probe
+                probes.append(i)
+                lost += ctl.pricing.round_ms(plan.drafter.name, plan.k_max, Batch()) - plain
+                ctl.observe("r", plan.drafter.name, Draft([1] * plan.k_max, None), accepted=0)
+                assert stake is None or lost <= max(won, 0) + PROBE_SHARE * i * plain + 1e-9
+        return probes, lost
+
+    bounded, lost = run(STAKE)
+    free, free_lost = run(None)
+    assert 3 <= len(bounded) < len(free) and lost < free_lost
+    assert bounded[0] > free[0]
+    assert run(STAKE, won=1000.0)[0] == free  # drafts have won: the schedule alone
+    assert run(STAKE, won=-1000.0)[0] == bounded  # planned drafts' losses do not stop probes
+    eagle = Named("eagle", True)  # an offer that costs is not asked for a probe not afforded
+    ctl = Controller([eagle], costs(LINEAR, {"eagle": 0.1}))
+    ctl.set_prior("eagle", [0.0] * 15)
+    asked = []
+    for _ in range(2 * PROBE_FIRST):
+        asked.append(ctl.asks(eagle, "r", 15))
+        ctl.plan("r", room=15, offers={"eagle": [0.1] * 15} if asked[-1] else {})
+    assert [i for i, x in enumerate(asked) if x] == [0, 2 * PROBE_FIRST - 1]  # 2.1 ms > 1.4 at 7
+
+
 def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
     """Weak n-gram matches, known to fail, are never probed; a long match never tried before
     is, at the shortest length that would pay were it always accepted (a probe measures; a
     long one that fails costs most)."""
-    ctl = Controller([Named("ngram", True)], costs(BUMPY, {"ngram": 0.0}))
+    ctl = Controller([Named("ngram", True)], costs(BUMPY, {"ngram": 0.0}), stake=None)
     ctl.set_prior("ngram", [0.3] * 8)  # on an average request, speculating does not pay
     for i in range(300):  # short matches (confidence 0.2) are accepted 1 time in 10
         ctl.observe("warm", "ngram", Draft([1], None, [0.2]), accepted=int(i % 10 == 0))
@@ -257,9 +302,11 @@ def test_a_cheap_drafter_is_probed_only_with_an_offer_worth_trying():
 def test_a_cheap_drafter_whose_offer_costs_is_asked_while_it_pays_or_to_probe():
     """An offer is paid for before the plan: a free one (n-gram) is asked every round; one
     costing a share of a round (the eagle layer's) only while it drafts, while it pays on the
-    request's average, and every probe gap while plain beats it."""
+    request's average, and every probe gap while plain beats it (and the request can afford a
+    probe: here it has won enough)."""
     ngram, eagle = Named("ngram", True), Named("eagle", True)
     ctl = Controller([ngram, eagle], costs(LINEAR, {"ngram": 0.001, "eagle": 0.1}))
+    ctl.stake.won["r"] = 100.0
     for _ in range(300):  # its unsure tokens are known to fail (not even worth a probe),
         ctl.observe("warm", "eagle", Draft([1], None, [0.1]), accepted=0)
         ctl.observe("warm", "eagle", Draft([1], None, [0.99]), accepted=1)  # its sure ones not
@@ -593,7 +640,7 @@ def test_the_engine_learns_what_its_batched_calls_cost():
 
 
 def test_in_a_batch_nothing_is_probed():
-    ctl = Controller([Named("ngram", True)], shared_costs())
+    ctl = Controller([Named("ngram", True)], shared_costs(), stake=None)  # probes not bounded
     ctl.bind(LlamaLike())
     ctl.set_prior("ngram", [0.2] * 8)  # on an average request, speculating does not pay
     alone = [ctl.plan("a", room=4, offers={"ngram": [0.9] * 4}) for _ in range(PROBE_FIRST)]

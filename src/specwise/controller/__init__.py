@@ -17,7 +17,7 @@ measured costs `specwise.costs`'. Nothing here runs a model.
 from specwise.controller.alignment import Alignment, Offered
 from specwise.controller.backoff import PLAN_GAP_MAX, PLAN_PATIENCE
 from specwise.controller.plan import Plan
-from specwise.controller.planner import PROBE_FIRST, PROBE_MAX, Controller
+from specwise.controller.planner import PROBE_FIRST, PROBE_MAX, PROBE_SHARE, STAKE, Controller
 from specwise.controller.pricing import MARGIN, Batch
 
 __all__ = [
@@ -26,6 +26,8 @@ __all__ = [
     "PLAN_PATIENCE",
     "PROBE_FIRST",
     "PROBE_MAX",
+    "PROBE_SHARE",
+    "STAKE",
     "Alignment",
     "Batch",
     "Controller",

@@ -47,8 +47,13 @@ proposal loses a request more than STAKE plain steps beyond its winnings; where 
 is cheap the stake allows long proposals from the start.
 
 When plain wins, each drafter is still probed now and then (with doubling gaps
-while probes keep losing) so a request that becomes predictable is noticed. A cheap drafter is
-probed only with an offer that would pay on an average request by an optimistic reading of its
+while probes keep losing) so a request that becomes predictable is noticed, but only while
+the request can afford it: a probe that failed would leave the request's probes having lost
+no more than PROBE_SHARE of its plain rounds' time beyond what they, and its drafts where
+these are ahead, have won (`Stake.affords`).
+Each drafter keeps its own gap, so where nothing drafts well, several drafters' probes would
+add up without that bound (BENCHMARKS.md, "the controller's probes"). A cheap drafter is probed
+only with an offer that would pay on an average request by an optimistic reading of its
 calibration (an upper confidence bound, which every bin keeps because old outcomes fade), at the
 shortest length that reading says pays. A model drafter is probed with 2 tokens, and only when
 catching up costs no more than one plain round.
@@ -75,23 +80,31 @@ from specwise.controller.pricing import MARGIN, Batch, Pricing
 from specwise.costs import CostModel
 from specwise.drafters.base import Draft, Drafter, KeepGoing
 
-__all__ = ["PROBE_FIRST", "PROBE_MAX", "STAKE", "Controller", "Stake"]
+__all__ = ["PROBE_FIRST", "PROBE_MAX", "PROBE_SHARE", "STAKE", "Controller", "Stake"]
 
 PROBE_FIRST, PROBE_MAX = 8, 64  # rounds between probes of a drafter that plain beats
 STAKE = 4.0  # plain steps a request may lose beyond what its drafts have won
+PROBE_SHARE = 0.02  # of a request's plain rounds' time its probes may lose beyond its winnings
 OFFER_FREE = 0.05  # a cheap drafter's offer costing under this share of a plain round is free
 
 
 class Stake:
-    """Stake(pricing, steps=STAKE): per request, the ms its drafts have won against plain
-    decoding (each round: its accepted tokens at a plain round's price, less what it cost
-    beyond one), and the longest proposal it may stake: one whose round, were nothing
-    accepted, costs at most `steps` plain rounds plus the ms won (never less than `steps`)
-    more than a plain round. All at a lone request's prices."""
+    """Stake(pricing, steps=STAKE, probe_share=PROBE_SHARE): per request, the ms its drafts
+    have won against plain decoding (each round: its accepted tokens at a plain round's price,
+    less what it cost beyond one) and the rounds it has run; the longest proposal it may stake:
+    one whose round, were nothing accepted, costs at most `steps` plain rounds plus the ms won
+    (never less than `steps`) more than a plain round; and whether it can afford a probe
+    (`affords`; what its probes won and lost is kept apart, so that the losses of its planned
+    drafts, the estimates' errors, do not stop it probing). All at a lone request's prices."""
 
-    def __init__(self, pricing: Pricing, steps: float = STAKE) -> None:
-        self.pricing, self.steps = pricing, steps
+    def __init__(
+        self, pricing: Pricing, steps: float = STAKE, probe_share: float = PROBE_SHARE
+    ) -> None:
+        self.pricing, self.steps, self.probe_share = pricing, steps, probe_share
         self.won: dict[str, float] = {}
+        self.probed: dict[str, float] = {}  # what its probes won (less what they lost)
+        self.rounds: dict[str, int] = {}
+        self._probing: set[str] = set()  # requests whose round in flight is a probe
 
     def most(self, rid: str, name: str, cap: int) -> int:
         plain = self.pricing.round_ms(None, 0, Batch())
@@ -101,13 +114,34 @@ class Stake:
             m += 1
         return m
 
+    def affords(self, rid: str, name: str, m: int) -> bool:
+        """Whether a probe of m tokens from `name` that failed would leave the request's probes
+        having lost at most `probe_share` of its rounds so far at a plain round's price, beyond
+        what its drafts have won."""
+        plain = self.pricing.round_ms(None, 0, Batch())
+        loss = self.pricing.round_ms(name, m, Batch()) - plain
+        budget = self.probe_share * self.rounds.get(rid, 0) * plain
+        return loss <= self.probed.get(rid, 0.0) + max(0.0, self.won.get(rid, 0.0)) + budget
+
+    def plan(self, rid: str, probe: bool) -> None:
+        """Count one round of the request, planned as a probe or not."""
+        self.rounds[rid] = self.rounds.get(rid, 0) + 1
+        if probe:
+            self._probing.add(rid)
+        else:
+            self._probing.discard(rid)
+
     def observe(self, rid: str, name: str, proposed: int, accepted: int) -> None:
         plain = self.pricing.round_ms(None, 0, Batch())
         extra = self.pricing.round_ms(name, proposed, Batch()) - plain
         self.won[rid] = self.won.get(rid, 0.0) + accepted * plain - extra
+        if rid in self._probing:
+            self.probed[rid] = self.probed.get(rid, 0.0) + accepted * plain - extra
 
     def forget(self, rid: str) -> None:
-        self.won.pop(rid, None)
+        for table in (self.won, self.probed, self.rounds):
+            table.pop(rid, None)
+        self._probing.discard(rid)
 
 
 class Controller:
@@ -196,6 +230,8 @@ class Controller:
                 passed_over.append((d, min(cap, 2)))
         if best.drafter is None:
             best = self._probe(rid, passed_over, plain_g) or best
+        if self.stake is not None:
+            self.stake.plan(rid, best.probe)
         for d in self.drafters:
             st = self.estimates[d.name]
             st.idle[rid] = 0 if d is best.drafter else st.idle.get(rid, 0) + 1
@@ -237,7 +273,9 @@ class Controller:
         if have and max(average, MARGIN / plain) <= self._in_hand(rid, have):
             return False  # a plan in hand that would be taken, and better
         idle = st.idle.get(rid, 0)
-        if idle == 0 or (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0:
+        if idle == 0:
+            return True
+        if (idle + 1) % st.gap.get(rid, PROBE_FIRST) == 0 and self._affords(rid, d.name, 1):
             return True
         return average > MARGIN / plain
 
@@ -362,14 +400,18 @@ class Controller:
         self, rid: str, passed_over: list[tuple[Drafter, int]], plain_g: float
     ) -> Plan | None:
         """A proposal (drafter, length) from one that plain has beaten for a while, to measure
-        it again; the gap between probes doubles while probes keep losing."""
+        it again, where the request can afford it (`Stake.affords`); the gap between probes
+        doubles while probes keep losing."""
         for d, k in passed_over:
             st = self.estimates[d.name]
             gap = st.gap.setdefault(rid, PROBE_FIRST)
-            if st.idle.get(rid, 0) + 1 >= gap:
+            if st.idle.get(rid, 0) + 1 >= gap and self._affords(rid, d.name, k):
                 st.gap[rid] = min(gap * 2, PROBE_MAX)
                 return Plan(d, k, k, plain_g, plain_g, probe=True, reason=f"probing {d.name}")
         return None
+
+    def _affords(self, rid: str, name: str, m: int) -> bool:
+        return self.stake is None or self.stake.affords(rid, name, m)
 
     def _stopper(self, name: str, rid: str, g: float, cap: int, batch: Batch) -> KeepGoing:
         """The mid-draft rule: whether to draft beneath a path of i tokens (their confidences,
