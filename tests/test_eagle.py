@@ -14,7 +14,7 @@ import pytest
 
 from specwise import Engine, SamplingParams, eagle_training, teacher
 from specwise.backends.torch_hf import TorchLM
-from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree
+from specwise.drafters.eagle import Cache, EagleDrafter, Layer, propose_tree, rebuild_command
 from specwise.drafters.eagle_layer import (
     COPY_N,
     FORMAT,
@@ -694,7 +694,12 @@ def test_the_heads_commands_make_data_train_score_and_ship_a_layer_on_a_real_tar
     assert main(["heads", "ship", *target]) == 0
     shipped = tmp_path / "pkg" / "eagle.pt"
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
-    assert shipped.read_bytes() == trained.read_bytes() and manifest["rebuild"]
+    assert shipped.read_bytes() == trained.read_bytes()
+    held = sum(k["positions"] for k in manifest["data"]["kinds"].values())
+    assert manifest["rebuild"] == f"make eagle-layer EAGLE_POSITIONS={held}"
+    further = {"data": {"kinds": {"read": {"positions": 10}, "answer": {"positions": 990}}},
+               "history": [{"positions": 500}]}  # trained further from the layer before it
+    assert rebuild_command(further) == "make eagle-layer EAGLE_POSITIONS=1000 EAGLE_FROM=shipped"
     assert manifest["bench"]["by_kind"]["code_generation"]["alpha"]
     layer = Layer.load(shipped)
     assert layer.layers == layers and len(layer.ids) <= 64 + 2

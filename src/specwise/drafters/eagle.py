@@ -47,6 +47,7 @@ __all__ = [
     "find",
     "layers_for",
     "propose_tree",
+    "rebuild_command",
     "ship",
     "shipped_path",
 ]
@@ -90,10 +91,21 @@ def bench_path(model: str | Path, layers: Sequence[int]) -> Path:
     return heads_path(model) / ("bench-" + "-".join(map(str, layers)))
 
 
+def rebuild_command(record: dict) -> str:
+    """The command that rebuilds a layer from its training record: `make eagle-layer`, making
+    the data to as many positions as it was trained with, and training the layer shipped
+    before it further where it was (its record has a `history`)."""
+    kinds = (record.get("data") or {}).get("kinds") or {}
+    total = sum(int(k.get("positions", 0)) for k in kinds.values())
+    command = "make eagle-layer" + (f" EAGLE_POSITIONS={total}" if total else "")
+    return command + (" EAGLE_FROM=shipped" if record.get("history") else "")
+
+
 def ship(trained: Path, model: str | Path) -> Path:
     """Copy the layer file `trained` (with its training record beside it, `<name>.json`) to
     where specwise ships a layer for `model` (`shipped_path`), with `manifest.json`: that
-    record, the file's sha256 and the command that rebuilds it. Returns the shipped file."""
+    record, the file's sha256 and the command that rebuilds it (`rebuild_command`). Returns
+    the shipped file."""
     import hashlib
     import json
     import shutil
@@ -103,7 +115,7 @@ def ship(trained: Path, model: str | Path) -> Path:
     record = trained.with_suffix(".json")
     manifest = json.loads(record.read_text()) if record.is_file() else {}
     digest = hashlib.sha256(trained.read_bytes()).hexdigest()
-    manifest.update(file=FILE, file_sha256=digest, rebuild="make eagle-layer")
+    manifest.update(file=FILE, file_sha256=digest, rebuild=rebuild_command(manifest))
     part = out.with_suffix(".partial")
     shutil.copyfile(trained, part)
     part.replace(out)
