@@ -96,9 +96,10 @@ soak: $(STAMP)
 # manifest.
 # Re-running goes on from where a stopped run left off. EAGLE_FROM=shipped trains the layer that
 # ships further on the data made here (`heads train --from`) instead of a new one, whose
-# vocabulary (EAGLE_VOCAB: the target's most frequent top tokens in the data) it keeps.
-EAGLE_POSITIONS ?= 1100000
-EAGLE_INVENT ?= 5000
+# vocabulary (EAGLE_VOCAB: the target's most frequent top tokens in the data) it keeps; the
+# shipped layer's manifest names the positions and EAGLE_FROM its last training ran with.
+EAGLE_POSITIONS ?= 2200000
+EAGLE_INVENT ?= 6500
 EAGLE_VOCAB ?= 8192
 EAGLE_FROM ?=
 eagle-layer: $(STAMP)
