@@ -52,7 +52,7 @@ the request can afford it: a probe that failed would leave the request's probes 
 no more than PROBE_SHARE of its plain rounds' time beyond what they, and its drafts where
 these are ahead, have won (`Stake.affords`).
 Each drafter keeps its own gap, so where nothing drafts well, several drafters' probes would
-add up without that bound (BENCHMARKS.md, "the controller's probes"). A cheap drafter is probed
+add up without that bound (BENCHMARKS §0c, "Probes"). A cheap drafter is probed
 only with an offer that would pay on an average request by an optimistic reading of its
 calibration (an upper confidence bound, which every bin keeps because old outcomes fade), at the
 shortest length that reading says pays. A model drafter is probed with 2 tokens, and only when
