@@ -117,7 +117,7 @@ class Stake:
     def affords(self, rid: str, name: str, m: int) -> bool:
         """Whether a probe of m tokens from `name` that failed would leave the request's probes
         having lost at most `probe_share` of its rounds so far at a plain round's price, beyond
-        what its drafts have won."""
+        what they, and its drafts where these are ahead, have won."""
         plain = self.pricing.round_ms(None, 0, Batch())
         loss = self.pricing.round_ms(name, m, Batch()) - plain
         budget = self.probe_share * self.rounds.get(rid, 0) * plain
@@ -133,10 +133,10 @@ class Stake:
 
     def observe(self, rid: str, name: str, proposed: int, accepted: int) -> None:
         plain = self.pricing.round_ms(None, 0, Batch())
-        extra = self.pricing.round_ms(name, proposed, Batch()) - plain
-        self.won[rid] = self.won.get(rid, 0.0) + accepted * plain - extra
+        net = accepted * plain - (self.pricing.round_ms(name, proposed, Batch()) - plain)
+        self.won[rid] = self.won.get(rid, 0.0) + net
         if rid in self._probing:
-            self.probed[rid] = self.probed.get(rid, 0.0) + accepted * plain - extra
+            self.probed[rid] = self.probed.get(rid, 0.0) + net
 
     def forget(self, rid: str) -> None:
         for table in (self.won, self.probed, self.rounds):
